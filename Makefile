@@ -1,0 +1,40 @@
+# Quick start on a fresh machine with only python3:  make demo   |   make test
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# torch first: a bare `torch` requirement can pull GBs of CUDA wheels. Override for GPU boxes.
+TORCH_SPEC ?= torch==2.13.0
+UI_PORT ?= 5000
+
+.PHONY: install install-dev demo test lint ui clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e .
+	@touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(PY) -m pip install -q -e ".[dev]"
+	@touch $@
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+demo: install
+	$(PY) -m sweeps run examples/demo.yaml
+
+test: install-dev
+	$(PY) -m pytest -q -rs
+
+lint: install-dev
+	$(VENV)/bin/ruff check sweeps trainables tests benchmarks
+	$(VENV)/bin/mypy sweeps trainables
+
+ui: install
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port $(UI_PORT)
+
+clean:
+	rm -rf mlflow.db mlartifacts ray_results .cache

@@ -1,0 +1,54 @@
+"""`sweeps` command line: validate a spec, run a sweep."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from sweeps.spec import SpecError, load_spec
+
+
+def _validate(args: argparse.Namespace) -> int:
+    try:
+        spec, _ = load_spec(args.spec)
+    except SpecError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    searched = ", ".join(spec.space.searched()) or "nothing"
+    print(f"{args.spec}: OK — sweep {spec.name!r}, {spec.budget.num_trials} trials of {spec.trainable.name}, searching {searched}")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        spec, text = load_spec(args.spec)
+    except SpecError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    from sweeps.report import best_fragment, trials_table
+    from sweeps.runner import run_sweep
+    from sweeps.tracking import ui_hint
+
+    outcome = run_sweep(spec, text)
+    print(f"\nSweep {spec.name} finished in {outcome.elapsed_s:.0f}s: "
+          f"{len(outcome.ranked())}/{len(outcome.trials)} trials ok (objective: {spec.objective.mode} {spec.objective.metric})\n")
+    print(trials_table(outcome))
+    print("\nBest configuration:\n" + best_fragment(outcome))
+    print(f"\nMLflow: parent run {outcome.parent_run_id} in {outcome.tracking_uri}")
+    print(f"Open the UI: {ui_hint(outcome.tracking_uri)}")
+    return 0 if outcome.best is not None else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sweeps", description="Find the fastest correct way to train a model.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("validate", help="check a sweep spec (needs neither Ray nor a GPU)")
+    p.add_argument("spec")
+    p.set_defaults(func=_validate)
+    p = sub.add_parser("run", help="run a sweep on the Ray cluster ray.init() finds, or a local one")
+    p.add_argument("spec")
+    p.set_defaults(func=_run)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return int(args.func(args))

@@ -1,0 +1,212 @@
+"""Run a sweep: Ray Tune + seeded OptunaSearch over a driver function that launches one
+Ray Train `TorchTrainer` per trial (the Ray 2.60 pattern), tracked in MLflow."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import optuna
+import ray
+from ray import tune
+from ray.tune.search.optuna import OptunaSearch
+
+from sweeps.failures import TrialFailure, classify, failure_of
+from sweeps.space import optuna_space, resolve_trial, trial_params
+from sweeps.spec import SweepSpec
+from sweeps.tracking import SweepTracker
+from trainables.contract import STEPS
+
+logger = logging.getLogger(__name__)
+
+# The driver only launches and watches the Train workers: it holds no CPU, so a 2-core
+# machine can run a 2-worker trial. Ray refuses an empty bundle; 1 byte of memory is not.
+_DRIVER_RESOURCES = tune.PlacementGroupFactory([{"CPU": 0, "memory": 1}])
+
+
+def run_trial(config: dict[str, Any], spec: SweepSpec, storage_path: str) -> None:
+    """One Tune trial: a Ray Train run of the shared loop with the sampled config."""
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from trainables.ray_worker import train_worker
+
+    trial_id = tune.get_context().get_trial_id()
+    cfg = resolve_trial(spec, config)
+    scaling = spec.scaling
+    trainer = TorchTrainer(
+        train_worker,
+        train_loop_config=cfg.to_dict(),
+        torch_config=TorchConfig(backend="nccl" if scaling.use_gpu else "gloo"),
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=scaling.num_workers,
+            use_gpu=scaling.use_gpu,
+            resources_per_worker={"CPU": scaling.cpus_per_worker, "GPU": scaling.gpus_per_worker},
+        ),
+        run_config=ray.train.RunConfig(
+            name=f"{spec.name}-{trial_id}",
+            storage_path=storage_path,
+            callbacks=[TuneReportCallback()],
+            failure_config=ray.train.FailureConfig(max_failures=0),
+        ),
+    )
+    try:
+        trainer.fit()
+    except Exception as exc:  # noqa: BLE001 - every failure is classified, then re-raised
+        kind, reason = classify(exc)
+        raise TrialFailure(kind, reason) from None
+
+
+@dataclass
+class TrialRow:
+    trial_id: str
+    number: int
+    params: dict[str, Any]
+    run_id: str | None = None
+    status: str = "running"  # running | ok | <failure kind>
+    reason: str = ""
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SweepOutcome:
+    spec: SweepSpec
+    parent_run_id: str
+    tracking_uri: str
+    trials: list[TrialRow]
+    elapsed_s: float
+
+    def ranked(self) -> list[TrialRow]:
+        """Finished trials, best first by the objective; failed ones never rank."""
+        metric, sign = self.spec.objective.metric, (-1 if self.spec.objective.mode == "max" else 1)
+        ok = [t for t in self.trials if t.status == "ok" and isinstance(t.metrics.get(metric), (int, float))]
+        return sorted(ok, key=lambda t: sign * float(t.metrics[metric]))
+
+    @property
+    def best(self) -> TrialRow | None:
+        ranked = self.ranked()
+        return ranked[0] if ranked else None
+
+
+class _SweepCallback(tune.Callback):
+    """Mirrors Tune's trial lifecycle into MLflow and prints concise progress lines."""
+
+    def __init__(self, spec: SweepSpec, tracker: SweepTracker, echo: Callable[[str], None]) -> None:
+        self.spec, self.tracker, self.echo = spec, tracker, echo
+        self.rows: dict[str, TrialRow] = {}
+        self.t0 = time.monotonic()
+
+    def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        params = trial_params(self.spec, resolve_trial(self.spec, dict(trial.config)))
+        row = TrialRow(trial.trial_id, len(self.rows) + 1, params)
+        row.run_id = self.tracker.start_trial(trial.trial_id, row.number, params)
+        self.rows[trial.trial_id] = row
+        shown = ", ".join(f"{k}={v}" for k, v in trial.config.items())
+        self.echo(f"[trial {row.number}/{self.spec.budget.num_trials}] {trial.trial_id} started: {shown}")
+
+    def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any) -> None:
+        row = self.rows[trial.trial_id]
+        row.metrics.update({k: v for k, v in result.items() if "/" in k})
+        self.tracker.log_result(trial.trial_id, result, step=int(result.get(STEPS, iteration)))
+
+    def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self._finish(trial.trial_id, "ok", "")
+
+    def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        kind, reason = failure_of(trial.get_pickled_error())
+        self._finish(trial.trial_id, kind, reason)
+
+    def _finish(self, trial_id: str, status: str, reason: str) -> None:
+        row = self.rows[trial_id]
+        row.status, row.reason = status, reason
+        self.tracker.end_trial(trial_id, ok=status == "ok", kind=status, reason=reason)
+        self.echo(self._progress(row))
+
+    def _progress(self, row: TrialRow) -> str:
+        rows = list(self.rows.values())
+        done = [r for r in rows if r.status != "running"]
+        failed = [r for r in done if r.status != "ok"]
+        metric = self.spec.objective.metric
+        what = f"{metric}={row.metrics.get(metric, float('nan')):.4g}" if row.status == "ok" else f"FAILED ({row.status}: {row.reason})"
+        elapsed = time.monotonic() - self.t0
+        total = self.spec.budget.num_trials
+        eta = elapsed / len(done) * (total - len(done)) if done else math.nan
+        ranked = [r for r in done if r.status == "ok" and metric in r.metrics]
+        best = ""
+        if ranked:
+            pick = max if self.spec.objective.mode == "max" else min
+            b = pick(ranked, key=lambda r: r.metrics[metric])
+            best = f" | best {metric}={b.metrics[metric]:.4g} (trial {b.number})"
+        return (
+            f"[trial {row.number}/{total}] {what} | done {len(done)}/{total}, running {len(rows) - len(done)}, "
+            f"failed {len(failed)}{best} | elapsed {elapsed:.0f}s, ETA {eta:.0f}s"
+        )
+
+
+def _searcher(spec: SweepSpec) -> OptunaSearch:
+    sampler = optuna.samplers.TPESampler(seed=spec.seed)
+    return OptunaSearch(
+        space=optuna_space(spec),
+        metric=spec.objective.metric,
+        mode=spec.objective.mode,
+        sampler=sampler,
+        seed=spec.seed,
+    )
+
+
+def echo_stdout(line: str) -> None:
+    print(line, flush=True)
+
+
+def run_sweep(spec: SweepSpec, spec_text: str, echo: Callable[[str], None] = echo_stdout) -> SweepOutcome:
+    """Run the sweep on the Ray cluster `ray.init()` finds (or a new local one)."""
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        ray.init()
+    try:
+        return _run(spec, spec_text, echo)
+    finally:
+        if started_ray:
+            ray.shutdown()
+
+
+def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None]) -> SweepOutcome:
+    t0 = time.monotonic()
+    uri = spec.tracking.resolved_uri()
+    tracker = SweepTracker(uri, spec.tracking.experiment or spec.name)
+    resources = {k: str(v) for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU", "memory")}
+    parent = tracker.start_sweep(
+        spec.name, spec.description, spec_text,
+        tags={f"sweep.cluster.{k}": v for k, v in resources.items()} | {"sweep.objective": f"{spec.objective.mode} {spec.objective.metric}"},
+    )
+    storage = str(Path(spec.storage_path).resolve())
+    echo(f"sweep {spec.name}: {spec.budget.num_trials} trials, objective {spec.objective.mode} "
+         f"{spec.objective.metric}; MLflow parent run {parent} at {uri}")
+    callback = _SweepCallback(spec, tracker, echo)
+    tuner = tune.Tuner(
+        tune.with_resources(tune.with_parameters(run_trial, spec=spec, storage_path=f"{storage}/{spec.name}/trials"), _DRIVER_RESOURCES),
+        tune_config=tune.TuneConfig(
+            search_alg=_searcher(spec),
+            num_samples=spec.budget.num_trials,
+            max_concurrent_trials=spec.budget.max_concurrent_trials,
+        ),
+        run_config=tune.RunConfig(name=spec.name, storage_path=storage, callbacks=[callback], verbose=0),
+    )
+    ok = False
+    try:
+        tuner.fit()
+        ok = True
+    finally:
+        outcome = SweepOutcome(spec, parent, uri, list(callback.rows.values()), time.monotonic() - t0)
+        best = outcome.best
+        metrics = {spec.objective.metric: float(best.metrics[spec.objective.metric])} if best else {}
+        tags = {"sweep.trials_ok": str(len(outcome.ranked())), "sweep.trials_total": str(len(outcome.trials))}
+        if best is not None and best.run_id:
+            tags["sweep.best_run_id"] = best.run_id
+        tracker.end_sweep(ok, metrics, tags)
+    return outcome

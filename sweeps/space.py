@@ -1,0 +1,72 @@
+"""Spec -> Optuna distributions, and (spec, sampled params) -> the trial's full config.
+
+No compute here. The same `resolve_trial` feeds the Train workers and the MLflow params,
+so what is logged is exactly what ran.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna.distributions as od
+
+from sweeps.spec import CategoricalParam, FloatParam, IntParam, Param, SweepSpec
+from trainables.contract import TrialConfig
+
+
+def to_distribution(param: Param) -> od.BaseDistribution:
+    if isinstance(param, FloatParam):
+        return od.FloatDistribution(param.low, param.high, log=param.log, step=param.step)
+    if isinstance(param, IntParam):
+        return od.IntDistribution(param.low, param.high, log=param.log, step=param.step)
+    if isinstance(param, CategoricalParam):
+        return od.CategoricalDistribution(param.choices)
+    raise TypeError(f"fixed values are not searched: {param!r}")
+
+
+def optuna_space(spec: SweepSpec) -> dict[str, od.BaseDistribution]:
+    return {name: to_distribution(p) for name, p in spec.space.searched().items()}
+
+
+def resolve_trial(spec: SweepSpec, sampled: dict[str, Any], metrics_path: str | None = None) -> TrialConfig:
+    """The complete configuration one trial runs with."""
+    knobs = {**spec.space.fixed(), **sampled}
+    return TrialConfig(
+        workload=spec.trainable.name,
+        workload_params=dict(spec.trainable.params),
+        batch_size=int(knobs["batch_size"]),
+        precision=str(knobs["precision"]),
+        lr=float(knobs["lr"]),
+        num_dataloader_workers=int(knobs["num_dataloader_workers"]),
+        pin_memory=bool(knobs["pin_memory"]),
+        num_steps=spec.budget.num_steps,
+        num_warmup_steps=spec.budget.num_warmup_steps,
+        report_interval_s=spec.budget.report_interval_s,
+        use_gpu=spec.scaling.use_gpu,
+        threads_per_worker=spec.scaling.cpus_per_worker,
+        seed=spec.seed,
+        data_dir=spec.data_dir,
+        metrics_path=metrics_path,
+    )
+
+
+def trial_params(spec: SweepSpec, cfg: TrialConfig) -> dict[str, Any]:
+    """Flat, UI-friendly params for a trial's MLflow run (compare view, parallel coordinates)."""
+    params: dict[str, Any] = {
+        "batch_size": cfg.batch_size,
+        "global_batch_size": cfg.batch_size * spec.scaling.num_workers,
+        "precision": cfg.precision,
+        "lr": cfg.lr,
+        "num_dataloader_workers": cfg.num_dataloader_workers,
+        "pin_memory": cfg.pin_memory,
+        "num_workers": spec.scaling.num_workers,
+        "cpus_per_worker": spec.scaling.cpus_per_worker,
+        "gpus_per_worker": spec.scaling.gpus_per_worker,
+        "use_gpu": cfg.use_gpu,
+        "workload": cfg.workload,
+        "num_steps": cfg.num_steps,
+        "num_warmup_steps": cfg.num_warmup_steps,
+        "seed": cfg.seed,
+    }
+    params.update({f"workload.{k}": v for k, v in cfg.workload_params.items()})
+    return params

@@ -1,0 +1,354 @@
+"""Sweep spec: strict YAML -> typed, frozen models.
+
+Every problem is reported at once, each with its field path, YAML line, the bad value and
+what is allowed. Loading runs no code: `yaml.safe_load` semantics, aliases refused.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+
+from trainables import registry
+from trainables.contract import KNOWN_METRICS, PRECISIONS
+from trainables.errors import WorkloadError
+
+_STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
+Scalar = Union[bool, int, float, str]
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class SpecProblem:
+    path: str
+    message: str
+    value: Any = None
+    line: int | None = None
+
+    def __str__(self) -> str:
+        where = f"line {self.line}: " if self.line else ""
+        shown = "" if self.value is None else f" (got {self.value!r})"
+        return f"{where}{self.path or '<root>'}: {self.message}{shown}"
+
+
+class SpecError(ValueError):
+    """A spec that cannot run; `problems` lists every issue found."""
+
+    def __init__(self, source: str, problems: list[SpecProblem]) -> None:
+        self.source = source
+        self.problems = problems
+        super().__init__(f"{source}: {len(problems)} problem(s)\n" + "\n".join(f"  {p}" for p in problems))
+
+
+# --- parameter vocabulary (Optuna's) ---------------------------------------------------
+
+
+class FloatParam(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    type: Literal["float"]
+    low: float
+    high: float
+    log: bool = False
+    step: float | None = None
+
+    @model_validator(mode="after")
+    def _range(self) -> FloatParam:
+        if not self.low <= self.high:
+            raise ValueError(f"low ({self.low}) must be <= high ({self.high})")
+        if self.log and self.low <= 0:
+            raise ValueError("log=true needs low > 0")
+        if self.log and self.step is not None:
+            raise ValueError("log and step cannot be combined (Optuna)")
+        return self
+
+
+class IntParam(BaseModel):
+    model_config = _STRICT
+    type: Literal["int"]
+    low: int
+    high: int
+    log: bool = False
+    step: int = 1
+
+    @model_validator(mode="after")
+    def _range(self) -> IntParam:
+        if not self.low <= self.high:
+            raise ValueError(f"low ({self.low}) must be <= high ({self.high})")
+        if self.log and (self.low < 1 or self.step != 1):
+            raise ValueError("log=true needs low >= 1 and step 1 (Optuna)")
+        return self
+
+
+class CategoricalParam(BaseModel):
+    model_config = _STRICT
+    type: Literal["categorical"]
+    choices: list[Scalar] = Field(min_length=1)
+
+
+class FixedParam(BaseModel):
+    """A plain value in the spec (`pin_memory: false`): held constant, still logged."""
+
+    model_config = _STRICT
+    type: Literal["fixed"]
+    value: Scalar
+
+
+Param = Annotated[Union[FloatParam, IntParam, CategoricalParam, FixedParam], Field(discriminator="type")]
+
+
+def _wrap_fixed(value: Any) -> Any:
+    return value if isinstance(value, dict) else {"type": "fixed", "value": value}
+
+
+# Loop knobs a sweep may search: default, the type of a value, the rule it must meet.
+KNOBS: dict[str, tuple[Scalar, type, str]] = {
+    "batch_size": (32, int, "an integer >= 1 (per worker)"),
+    "precision": ("32", str, f"one of {list(PRECISIONS)}"),
+    "lr": (1e-3, float, "a number > 0"),
+    "num_dataloader_workers": (0, int, "an integer >= 0"),
+    "pin_memory": (False, bool, "true or false"),
+}
+
+
+def _knob_ok(knob: str, value: Any) -> bool:
+    kind = KNOBS[knob][1]
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        return False
+    if knob == "batch_size":
+        return bool(value >= 1)
+    if knob == "num_dataloader_workers":
+        return bool(value >= 0)
+    if knob == "precision":
+        return value in PRECISIONS
+    return True
+
+
+class SpaceSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    batch_size: Param = FixedParam(type="fixed", value=32)
+    precision: Param = FixedParam(type="fixed", value="32")
+    lr: Param = FixedParam(type="fixed", value=1e-3)
+    num_dataloader_workers: Param = FixedParam(type="fixed", value=0)
+    pin_memory: Param = FixedParam(type="fixed", value=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fixed_scalars(cls, data: Any) -> Any:
+        return {k: _wrap_fixed(v) for k, v in data.items()} if isinstance(data, dict) else data
+
+    @field_validator(*KNOBS)
+    @classmethod
+    def _knob_values(cls, p: Any, info: ValidationInfo) -> Any:
+        knob = str(info.field_name)
+        kind, rule = KNOBS[knob][1], KNOBS[knob][2]
+        if isinstance(p, (FloatParam, IntParam)) and kind not in (int, float):
+            raise ValueError(f"a {p.type} range is not allowed here; values must be {rule}")
+        if isinstance(p, FloatParam) and kind is int:
+            raise ValueError(f"type float is not allowed; values must be {rule} (use type: int)")
+        if isinstance(p, (FloatParam, IntParam)):
+            values: list[Any] = [p.low, p.high]
+        elif isinstance(p, CategoricalParam):
+            values = list(p.choices)
+        else:
+            values = [p.value]
+        bad = [v for v in values if not _knob_ok(knob, v)]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not allowed; values must be {rule}")
+        return p
+
+    def searched(self) -> dict[str, Param]:
+        return {k: getattr(self, k) for k in KNOBS if not isinstance(getattr(self, k), FixedParam)}
+
+    def fixed(self) -> dict[str, Scalar]:
+        return {k: getattr(self, k).value for k in KNOBS if isinstance(getattr(self, k), FixedParam)}
+
+
+# --- the other sections ----------------------------------------------------------------
+
+
+class TrainableSpec(BaseModel):
+    model_config = _STRICT
+    name: str
+    params: dict[str, Any] = {}
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        registry.check_name(name)
+        return name
+
+    @field_validator("params")
+    @classmethod
+    def _params(cls, params: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        name = info.data.get("name")
+        problems = registry.check_params(name, params) if name else []
+        if problems:
+            raise ValueError("; ".join(problems))
+        return params
+
+
+class ObjectiveSpec(BaseModel):
+    model_config = _STRICT
+    metric: str = "throughput/samples_per_s"
+    mode: Literal["max", "min"] = "max"
+
+    @field_validator("metric")
+    @classmethod
+    def _known(cls, metric: str) -> str:
+        if metric not in KNOWN_METRICS:
+            raise ValueError(f"unknown metric; choose one of {list(KNOWN_METRICS)}")
+        return metric
+
+
+class BudgetSpec(BaseModel):
+    model_config = _STRICT
+    num_trials: int = Field(ge=1, le=10_000)
+    max_concurrent_trials: int = Field(default=1, ge=1)
+    num_steps: int = Field(ge=1, description="measured steps per trial, after warm-up")
+    num_warmup_steps: int = Field(default=5, ge=0)
+    report_interval_s: float = Field(default=10.0, gt=0)
+
+
+class ScalingSpec(BaseModel):
+    model_config = _STRICT
+    num_workers: int = Field(default=2, ge=1)
+    use_gpu: bool = False
+    cpus_per_worker: int = Field(default=1, ge=1)
+    gpus_per_worker: float = Field(default=0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _gpus(self) -> ScalingSpec:
+        if self.use_gpu and self.gpus_per_worker == 0:
+            object.__setattr__(self, "gpus_per_worker", 1.0)
+        if not self.use_gpu and self.gpus_per_worker > 0:
+            raise ValueError("gpus_per_worker > 0 needs use_gpu: true")
+        return self
+
+
+class TrackingSpec(BaseModel):
+    model_config = _STRICT
+    uri: str | None = Field(default=None, description="MLflow URI; default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
+    experiment: str | None = Field(default=None, description="default: the sweep name")
+
+    def resolved_uri(self) -> str:
+        return self.uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
+
+
+class SweepSpec(BaseModel):
+    model_config = _STRICT
+    name: str
+    description: str = ""
+    trainable: TrainableSpec
+    space: SpaceSpec = SpaceSpec()
+    objective: ObjectiveSpec = ObjectiveSpec()
+    budget: BudgetSpec
+    scaling: ScalingSpec = ScalingSpec()
+    tracking: TrackingSpec = TrackingSpec()
+    storage_path: str = "ray_results"
+    data_dir: str = ".cache/datasets"
+    seed: int = 0
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, name: str) -> str:
+        if not _NAME.match(name) or ".." in name:
+            raise ValueError(
+                "must be 1-64 letters, digits, '.', '_' or '-', start with a letter or digit, "
+                "and contain no '..' (it names folders and MLflow runs)"
+            )
+        return name
+
+
+# --- loading ----------------------------------------------------------------------------
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """SafeLoader that refuses anchors/aliases (no alias bombs) and keeps node lines."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.MarkedYAMLError("while composing the spec", None, "aliases (*name) are not allowed", event.start_mark)
+        return super().compose_node(parent, index)
+
+
+def _lines(node: yaml.Node, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], int]:
+    lines = {path: node.start_mark.line + 1}
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            lines.update(_lines(v, path + (str(k.value),)))
+            lines[path + (str(k.value),)] = k.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            lines.update(_lines(v, path + (str(i),)))
+    return lines
+
+
+_TAGS = {"float", "int", "categorical", "fixed", "function-after", "function-before"}
+
+
+def _allowed_keys(section: tuple[str, ...]) -> list[str]:
+    model: Any = SweepSpec
+    for part in section:
+        field = getattr(model, "model_fields", {}).get(part)
+        model = field.annotation if field is not None else None
+    return sorted(getattr(model, "model_fields", {}))
+
+
+def _problem(err: dict[str, Any], lines: dict[tuple[str, ...], int]) -> SpecProblem:
+    loc = tuple(str(p) for p in err["loc"] if str(p) not in _TAGS)
+    line = next((lines[loc[:n]] for n in range(len(loc), -1, -1) if loc[:n] in lines), None)
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        allowed = _allowed_keys(loc[:-1])
+        msg = "unknown key" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
+    value = err.get("input")
+    if isinstance(value, dict) and err["type"] != "missing":
+        value = None  # a whole section is noise; the message says what is wrong
+    if err["type"] == "missing":
+        value = None
+    return SpecProblem(".".join(loc), msg, value, line)
+
+
+def parse_spec(text: str, source: str = "<spec>") -> SweepSpec:
+    """Validate YAML text into a `SweepSpec` or raise `SpecError` listing every problem."""
+    try:
+        loader = _NoAliasLoader(text)
+        try:
+            node = loader.get_single_node()
+            data = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        reason = getattr(exc, "problem", None) or str(exc)
+        raise SpecError(source, [SpecProblem("", f"not valid YAML: {reason}", line=line)]) from None
+    if not isinstance(data, dict):
+        raise SpecError(source, [SpecProblem("", "the spec must be a YAML mapping (key: value)", type(data).__name__)])
+    try:
+        return SweepSpec.model_validate(data)
+    except ValidationError as exc:
+        lines = _lines(node)
+        problems = [_problem(e, lines) for e in exc.errors()]
+        raise SpecError(source, sorted(problems, key=lambda p: p.line or 0)) from None
+    except WorkloadError as exc:  # raised outside a field validator
+        raise SpecError(source, [SpecProblem("trainable", str(exc))]) from None
+
+
+def load_spec(path: str | Path) -> tuple[SweepSpec, str]:
+    """Read and validate a spec file; returns the spec and its text (kept as an artifact)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise SpecError(str(path), [SpecProblem("", f"cannot read the spec: {exc.strerror}")]) from None
+    return parse_spec(text, str(path)), text

@@ -1,0 +1,91 @@
+"""The contract between the sweep service and the per-worker loop.
+
+Torch-free on purpose: the service (``sweeps``) validates specs and names metrics with
+this module alone, without importing model code, torch or Ray.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+# Precision vocabulary (Lightning-style names). "32" is strict fp32 with TF32 off.
+PRECISIONS: tuple[str, ...] = ("32", "tf32", "16-mixed", "bf16-mixed")
+
+# Metric keys are `group/name_unit`. The house vocabulary writes units as `name(unit)`, but
+# MLflow 3 rejects "(", ")" and "%" in metric names, so the unit is a suffix (`_ms`, `_pct`,
+# `_per_s`) and the same key is used in reports, specs and MLflow alike.
+METRIC_KEY = re.compile(r"^[a-z][a-z0-9_]*/[A-Za-z0-9_.\-]+$")
+LOSS_TRAIN = "loss/train"
+LOSS_VAL = "loss/val"
+STEP_TIME_MS = "time/step_ms"
+DATA_WAIT_PCT = "time/data_wait_pct"
+STEPS = "progress/steps"
+WORLD_SIZE = "progress/world_size"
+THROUGHPUT_UNITS: tuple[str, ...] = ("samples", "tokens")
+
+
+def throughput_key(unit: str) -> str:
+    """Global throughput (summed over ranks) for a workload counting in `unit`."""
+    return f"throughput/{unit}_per_s"
+
+
+def per_worker_throughput_key(unit: str) -> str:
+    return f"throughput/{unit}_per_s_per_worker"
+
+
+# Every metric the loop can report; a spec's objective must name one of these.
+KNOWN_METRICS: tuple[str, ...] = tuple(
+    [throughput_key(u) for u in THROUGHPUT_UNITS]
+    + [per_worker_throughput_key(u) for u in THROUGHPUT_UNITS]
+    + [LOSS_TRAIN, LOSS_VAL, STEP_TIME_MS, DATA_WAIT_PCT]
+)
+
+
+def is_metric(key: str, value: Any) -> bool:
+    """True for a clean, finite, numeric `group/name` metric (what goes to MLflow)."""
+    return (
+        bool(METRIC_KEY.match(key))
+        and isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+    )
+
+
+@dataclass(frozen=True)
+class TrialConfig:
+    """Everything one trial's workers need; crosses process boundaries as a plain dict."""
+
+    workload: str
+    batch_size: int  # per worker (rank); the global batch is batch_size * world size
+    precision: str
+    lr: float
+    num_steps: int  # measured steps, after warm-up
+    num_warmup_steps: int = 5
+    num_dataloader_workers: int = 0
+    pin_memory: bool = False
+    workload_params: dict[str, Any] = field(default_factory=dict)
+    use_gpu: bool = False
+    threads_per_worker: int = 1
+    report_interval_s: float = 10.0
+    seed: int = 0
+    data_dir: str = ".cache/datasets"
+    metrics_path: str | None = None  # rank 0 appends every report here as JSON lines
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision {self.precision!r} is not one of {list(PRECISIONS)}")
+        if self.batch_size < 1 or self.num_steps < 1 or self.num_warmup_steps < 0:
+            raise ValueError("batch_size and num_steps must be >= 1, num_warmup_steps >= 0")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrialConfig:
+        return cls(**data)

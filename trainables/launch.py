@@ -1,0 +1,69 @@
+"""Run the shared loop without Ray, e.g. on a GPU machine: ``torchrun --nproc-per-node N -m trainables.launch ...``.
+
+Prints one JSON line per report (rank 0). This is also the baseline for benchmarks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from trainables.contract import PRECISIONS, TrialConfig
+from trainables.loop import train
+from trainables.reporting import JsonlReporter
+
+
+def _parse(argv: list[str] | None) -> TrialConfig:
+    p = argparse.ArgumentParser(prog="python -m trainables.launch", description=__doc__)
+    p.add_argument("--workload", default="image-cnn")
+    p.add_argument("--params", default="{}", help="workload params as JSON, e.g. '{\"width\": 32}'")
+    p.add_argument("--batch-size", type=int, default=32, help="per worker")
+    p.add_argument("--precision", choices=PRECISIONS, default="32")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--num-steps", type=int, default=50)
+    p.add_argument("--num-warmup-steps", type=int, default=5)
+    p.add_argument("--num-dataloader-workers", type=int, default=0)
+    p.add_argument("--pin-memory", action="store_true")
+    p.add_argument("--threads-per-worker", type=int, default=1)
+    p.add_argument("--report-interval-s", type=float, default=10.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data-dir", default=".cache/datasets")
+    p.add_argument("--metrics-path", default=None, help="append JSON lines here instead of stdout")
+    a = p.parse_args(argv)
+    return TrialConfig(
+        workload=a.workload, workload_params=json.loads(a.params), batch_size=a.batch_size,
+        precision=a.precision, lr=a.lr, num_steps=a.num_steps, num_warmup_steps=a.num_warmup_steps,
+        num_dataloader_workers=a.num_dataloader_workers, pin_memory=a.pin_memory,
+        use_gpu=torch.cuda.is_available(), threads_per_worker=a.threads_per_worker,
+        report_interval_s=a.report_interval_s, seed=a.seed, data_dir=a.data_dir, metrics_path=a.metrics_path,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = _parse(argv)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if cfg.use_gpu:
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if world > 1:
+        dist.init_process_group("nccl" if cfg.use_gpu else "gloo", timeout=timedelta(minutes=5))
+    try:
+        rank = dist.get_rank() if world > 1 else 0
+        train(cfg, JsonlReporter(cfg.metrics_path, rank), device)
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

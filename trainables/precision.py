@@ -1,0 +1,70 @@
+"""Precision vocabulary -> autocast context, GradScaler and matmul flags.
+
+One object owns all three so the loop never branches on the precision name.
+Whatever the hardware cannot do raises `UnsupportedError`; nothing silently runs
+as something else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import ContextManager
+
+import torch
+
+from trainables.contract import PRECISIONS
+from trainables.errors import UnsupportedError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str
+    device_type: str
+    autocast_dtype: torch.dtype | None  # None: no autocast
+    use_scaler: bool
+    allow_tf32: bool
+
+    def apply_matmul_flags(self) -> None:
+        """Set TF32 on or off for this process (strict "32" really means fp32)."""
+        if self.device_type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = self.allow_tf32
+            torch.backends.cudnn.allow_tf32 = self.allow_tf32
+        torch.set_float32_matmul_precision("high" if self.allow_tf32 else "highest")
+
+    def autocast(self) -> ContextManager[object]:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=self.autocast_dtype)
+
+    def make_scaler(self) -> torch.amp.GradScaler | None:
+        return torch.amp.GradScaler(self.device_type) if self.use_scaler else None
+
+
+def resolve_precision(name: str, device: torch.device) -> Precision:
+    """Map a precision name to what it means on `device`, or raise `UnsupportedError`."""
+    if name not in PRECISIONS:
+        raise ValueError(f"unknown precision {name!r}; choose one of {list(PRECISIONS)}")
+    kind = device.type
+    if kind == "cuda":
+        major, _ = torch.cuda.get_device_capability(device)
+        gpu = torch.cuda.get_device_name(device)
+        if name == "tf32" and major < 8:
+            raise UnsupportedError(f"tf32 needs compute capability >= 8.0 (Ampere+); {gpu} is {major}.x")
+        if name == "bf16-mixed" and not torch.cuda.is_bf16_supported(including_emulation=False):
+            raise UnsupportedError(f"bf16 is not supported natively on {gpu}; use 16-mixed")
+    elif kind == "cpu":
+        if name == "tf32":
+            raise UnsupportedError("tf32 is a GPU (Ampere+) format; a CPU has no TF32 mode: use 32 or bf16-mixed")
+    else:
+        raise UnsupportedError(f"device type {kind!r} is not supported by the loop")
+    return Precision(
+        name=name,
+        device_type=kind,
+        autocast_dtype={"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}.get(name),
+        use_scaler=name == "16-mixed",
+        allow_tf32=name != "32" and kind == "cuda",
+    )

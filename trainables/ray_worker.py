@@ -1,0 +1,33 @@
+"""Entry point for one Ray Train worker: the shared loop with a Ray Train reporter.
+
+Imports `ray.train` lazily (inside the function), never Ray Tune: the loop stays runnable
+under plain `torchrun` on machines without Ray.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainables.contract import TrialConfig
+from trainables.reporting import JsonlReporter, MultiReporter
+
+
+class RayTrainReporter:
+    """`ray.train.report` from every rank (it is a barrier); Tune sees rank 0's dict."""
+
+    def report(self, metrics: dict[str, Any]) -> None:
+        import ray.train
+
+        ray.train.report(metrics)
+
+
+def train_worker(config: dict[str, Any]) -> None:
+    import ray.train
+    import ray.train.torch
+
+    from trainables.loop import train
+
+    cfg = TrialConfig.from_dict(config)
+    rank = ray.train.get_context().get_world_rank()
+    reporter = MultiReporter(RayTrainReporter(), JsonlReporter(cfg.metrics_path, rank)) if cfg.metrics_path else RayTrainReporter()
+    train(cfg, reporter, ray.train.torch.get_device())

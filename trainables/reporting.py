@@ -1,0 +1,52 @@
+"""Where the loop's reports go: Ray Train (see `ray_worker`), JSON lines, or a list in tests.
+
+Every rank calls `report` equally often (Ray Train's report is a barrier); only rank 0's
+reporters write anything.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Protocol
+
+
+class Reporter(Protocol):
+    def report(self, metrics: dict[str, Any]) -> None: ...
+
+
+class JsonlReporter:
+    """Appends each report as one JSON line to a file (or stdout), rank 0 only."""
+
+    def __init__(self, path: str | None, rank: int) -> None:
+        self._path = path
+        self._rank = rank
+
+    def report(self, metrics: dict[str, Any]) -> None:
+        if self._rank != 0:
+            return
+        line = json.dumps(metrics, sort_keys=True)
+        if self._path is None:
+            print(line, file=sys.stdout, flush=True)
+        else:
+            with open(self._path, "a") as f:
+                f.write(line + "\n")
+
+
+class ListReporter:
+    """Keeps every report in memory (tests, notebooks)."""
+
+    def __init__(self) -> None:
+        self.reports: list[dict[str, Any]] = []
+
+    def report(self, metrics: dict[str, Any]) -> None:
+        self.reports.append(dict(metrics))
+
+
+class MultiReporter:
+    def __init__(self, *reporters: Reporter) -> None:
+        self._reporters = reporters
+
+    def report(self, metrics: dict[str, Any]) -> None:
+        for r in self._reporters:
+            r.report(metrics)

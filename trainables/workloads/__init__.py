@@ -1,0 +1,1 @@
+"""Registered workloads; see `trainables.registry`."""

@@ -1,0 +1,56 @@
+"""The structure every workload returns, registered or user-defined."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sized
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from trainables.contract import THROUGHPUT_UNITS
+from trainables.errors import WorkloadError
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What a workload builder may use: where to cache data, the seed, who is asking."""
+
+    data_dir: str
+    seed: int
+    rank: int = 0
+    world_size: int = 1
+
+
+@dataclass
+class Workload:
+    """A model, its data and its loss; the shared loop does the rest.
+
+    Datasets yield ``(input, target)`` pairs. ``items_per_sample`` converts samples into
+    the throughput unit (e.g. tokens per sequence).
+    """
+
+    model: nn.Module
+    train_dataset: Dataset[Any]
+    val_dataset: Dataset[Any]
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    unit: str = "samples"
+    items_per_sample: int = 1
+    flops_per_item: float | None = None  # training FLOPs (fwd+bwd) per unit item, for MFU
+    channels_last: bool = False  # use channels_last memory format on GPU
+
+    def check(self, name: str) -> None:
+        problems = []
+        if not isinstance(self.model, nn.Module):
+            problems.append(f"model is {type(self.model).__name__}, not torch.nn.Module")
+        for field in ("train_dataset", "val_dataset"):
+            ds = getattr(self, field)
+            if not isinstance(ds, Sized) or len(ds) == 0:
+                problems.append(f"{field} must be a non-empty map-style Dataset with __len__")
+        if not callable(self.loss_fn):
+            problems.append("loss_fn must be callable(output, target) -> scalar tensor")
+        if self.unit not in THROUGHPUT_UNITS:
+            problems.append(f"unit {self.unit!r} is not one of {list(THROUGHPUT_UNITS)}")
+        if problems:
+            raise WorkloadError(f"workload {name!r} is malformed: " + "; ".join(problems))
