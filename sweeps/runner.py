@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import cloudpickle
 import optuna
 import ray
 from ray import tune
@@ -17,9 +19,9 @@ from ray.tune.search.optuna import OptunaSearch
 
 from sweeps.failures import TrialFailure, classify, failure_of
 from sweeps.space import optuna_space, resolve_trial, trial_params
-from sweeps.spec import SweepSpec
+from sweeps.spec import ScalingSpec, SweepSpec
 from sweeps.tracking import SweepTracker
-from trainables.contract import STEPS
+from trainables.contract import STEPS, TrialConfig
 
 logger = logging.getLogger(__name__)
 
@@ -28,18 +30,14 @@ logger = logging.getLogger(__name__)
 _DRIVER_RESOURCES = tune.PlacementGroupFactory([{"CPU": 0, "memory": 1}])
 
 
-def run_trial(config: dict[str, Any], spec: SweepSpec, storage_path: str) -> None:
-    """One Tune trial: a Ray Train run of the shared loop with the sampled config."""
+def make_trainer(cfg: TrialConfig, scaling: ScalingSpec, name: str, storage_path: str, callbacks: list[Any]) -> Any:
+    """A Ray Train `TorchTrainer` running the shared loop for one trial config."""
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
-    from ray.tune.integration.ray_train import TuneReportCallback
 
     from trainables.ray_worker import train_worker
 
-    trial_id = tune.get_context().get_trial_id()
-    cfg = resolve_trial(spec, config)
-    scaling = spec.scaling
-    trainer = TorchTrainer(
+    return TorchTrainer(
         train_worker,
         train_loop_config=cfg.to_dict(),
         torch_config=TorchConfig(backend="nccl" if scaling.use_gpu else "gloo"),
@@ -49,12 +47,21 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, storage_path: str) -> Non
             resources_per_worker={"CPU": scaling.cpus_per_worker, "GPU": scaling.gpus_per_worker},
         ),
         run_config=ray.train.RunConfig(
-            name=f"{spec.name}-{trial_id}",
+            name=name,
             storage_path=storage_path,
-            callbacks=[TuneReportCallback()],
+            callbacks=callbacks,
             failure_config=ray.train.FailureConfig(max_failures=0),
         ),
     )
+
+
+def run_trial(config: dict[str, Any], spec: SweepSpec, storage_path: str) -> None:
+    """One Tune trial: a Ray Train run of the shared loop with the sampled config."""
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    trial_id = tune.get_context().get_trial_id()
+    trainer = make_trainer(resolve_trial(spec, config), spec.scaling, f"{spec.name}-{trial_id}", storage_path,
+                           callbacks=[TuneReportCallback()])
     try:
         trainer.fit()
     except Exception as exc:  # noqa: BLE001 - every failure is classified, then re-raised
@@ -93,6 +100,17 @@ class SweepOutcome:
         return ranked[0] if ranked else None
 
 
+def _trial_error(trial: Any) -> BaseException | None:
+    """The exception an errored trial raised. Tune writes it to the trial's local dir first
+    and syncs it to storage later, so read the local copy Tune just wrote in this process."""
+    local = getattr(trial, "pickled_error_file", None)
+    if local and os.path.isfile(local):
+        with open(local, "rb") as f:
+            error = cloudpickle.load(f)
+        return error if isinstance(error, BaseException) else None
+    return trial.get_pickled_error()  # type: ignore[no-any-return]
+
+
 class _SweepCallback(tune.Callback):
     """Mirrors Tune's trial lifecycle into MLflow and prints concise progress lines."""
 
@@ -118,7 +136,7 @@ class _SweepCallback(tune.Callback):
         self._finish(trial.trial_id, "ok", "")
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-        kind, reason = failure_of(trial.get_pickled_error())
+        kind, reason = failure_of(_trial_error(trial))
         self._finish(trial.trial_id, kind, reason)
 
     def _finish(self, trial_id: str, status: str, reason: str) -> None:

@@ -1,0 +1,52 @@
+"""Shared fixtures. Ray tests share one local cluster (2 CPUs, own temp dir, own token)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Before anything imports Ray: the auth token lives in a temp dir, never in $HOME/.ray.
+_AUTH_DIR = tempfile.mkdtemp(prefix="sweeps-auth-")
+_TOKEN = Path(_AUTH_DIR) / "token"
+_TOKEN.write_text(secrets.token_hex(32))
+os.environ["RAY_AUTH_TOKEN_PATH"] = str(_TOKEN)
+os.environ.pop("MLFLOW_TRACKING_URI", None)
+os.environ.pop("RAY_ADDRESS", None)
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(_AUTH_DIR, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def auth_token_path() -> Path:
+    return _TOKEN
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[None]:
+    """A real local Ray cluster for the session, stopped through its own handle."""
+    import ray
+
+    temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths are length-limited
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, object_store_memory=200 * 1024**2)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Generated datasets are cached once per session."""
+    return tmp_path_factory.mktemp("datasets")

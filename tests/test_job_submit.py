@@ -1,0 +1,117 @@
+"""`ray job submit` of a sweep to a head node this test starts itself (own ports, own temp
+dir, token auth with a temp token) and stops itself through its own process group.
+
+The client side uses only what a user has: the `ray` CLI and this repo.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+pytestmark = pytest.mark.ray
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _wait_for_port(port: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.5)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout_s}s")
+
+
+@pytest.fixture
+def head(tmp_path: Path, auth_token_path: Path) -> Iterator[dict[str, str]]:
+    gcs, dash, client, agent_http, agent_grpc, rt_env, metrics, nm, om = _free_ports(9)
+    temp_dir = tempfile.mkdtemp(prefix="rj", dir="/tmp")
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(auth_token_path),
+           "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
+    cmd = [str(BIN / "ray"), "start", "--head", "--block", "--num-cpus", "2", "--node-ip-address", "127.0.0.1",
+           "--port", str(gcs), "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash),
+           "--include-dashboard", "true", "--ray-client-server-port", str(client),
+           "--dashboard-agent-listen-port", str(agent_http), "--dashboard-agent-grpc-port", str(agent_grpc),
+           "--runtime-env-agent-port", str(rt_env), "--metrics-export-port", str(metrics),
+           "--node-manager-port", str(nm), "--object-manager-port", str(om),
+           "--min-worker-port", "21000", "--max-worker-port", "21999",
+           "--temp-dir", temp_dir, "--disable-usage-stats"]
+    log = open(tmp_path / "head.log", "w")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_for_port(dash, 90)
+        yield {"address": f"http://127.0.0.1:{dash}", "token_path": str(auth_token_path)}
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # our own process group only
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        log.close()
+        time.sleep(2)
+        import shutil
+
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _client_env(home: Path, token_path: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(HOME=str(home), PATH=f"{BIN}{os.pathsep}{env['PATH']}")  # HOME: no ~/.ray token to find
+    if token_path:
+        env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=token_path)
+    return env
+
+
+def test_job_submit_runs_a_sweep_with_token_auth(head: dict[str, str], tmp_path: Path) -> None:
+    spec = tmp_path / "job.yaml"
+    db = tmp_path / "mlflow.db"
+    spec.write_text(
+        "name: job-sweep\n"
+        "trainable: {name: mlp-tabular, params: {num_train_rows: 1024}}\n"
+        "space: {lr: {type: float, low: 1.0e-3, high: 1.0e-2, log: true}}\n"
+        "budget: {num_trials: 2, num_steps: 20, num_warmup_steps: 2}\n"
+        f"tracking: {{uri: 'sqlite:///{db}', experiment: job-exp}}\n"
+        f"storage_path: {tmp_path / 'results'}\n"
+    )
+    submit = [str(BIN / "ray"), "job", "submit", "--address", head["address"], "--working-dir", str(REPO),
+              "--", "python", "-m", "sweeps", "run", str(spec)]
+
+    refused = subprocess.run(submit, env=_client_env(tmp_path, None), capture_output=True, text=True, timeout=120)
+    said = refused.stdout + refused.stderr
+    assert refused.returncode != 0
+    assert "Failed to connect" not in said and ("401" in said or "token" in said.lower()), said[-2000:]
+    assert not db.exists()
+
+    done = subprocess.run(submit, env=_client_env(tmp_path, head["token_path"]), capture_output=True, text=True, timeout=400)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    assert "succeeded" in out and "Sweep job-sweep finished" in out and "2/2 trials ok" in out
+
+    client = MlflowClient(f"sqlite:///{db}")
+    runs = client.search_runs([client.get_experiment_by_name("job-exp").experiment_id])
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(runs) == 3 and len(children) == 2
+    assert all(r.data.metrics["throughput/samples_per_s"] > 0 for r in children)

@@ -1,0 +1,98 @@
+"""The shared loop in one process (and two, under plain torchrun), on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainables import contract
+from trainables.contract import TrialConfig
+from trainables.errors import UnsupportedError, WorkloadError
+from trainables.loop import train
+from trainables.precision import resolve_precision
+from trainables.reporting import ListReporter
+
+REPO = Path(__file__).resolve().parents[1]
+CPU = torch.device("cpu")
+TINY_CNN = {"image_size": 16, "num_train_images": 256, "num_val_images": 64, "width": 8, "depth": 1}
+
+
+def _cfg(data_dir: Path, **kw: object) -> TrialConfig:
+    base: dict[str, object] = dict(workload="image-cnn", workload_params=TINY_CNN, batch_size=16, precision="32",
+                                   lr=3e-3, num_steps=24, num_warmup_steps=3, report_interval_s=1e-6,
+                                   data_dir=str(data_dir))
+    base.update(kw)
+    return TrialConfig(**base)  # type: ignore[arg-type]
+
+
+def test_image_cnn_loss_falls_and_metrics_are_reported(data_dir: Path) -> None:
+    rep = ListReporter()
+    final = train(_cfg(data_dir), rep, CPU)
+    assert len(rep.reports) == 24  # report_every == 1 after warm-up; the last one is the final
+    first, last = rep.reports[0][contract.LOSS_TRAIN], rep.reports[-1][contract.LOSS_TRAIN]
+    assert last < first * 0.85, (first, last)
+    for key in (contract.throughput_key("samples"), contract.LOSS_VAL, contract.STEP_TIME_MS, contract.DATA_WAIT_PCT):
+        assert contract.is_metric(key, final[key]), key
+    assert final[contract.throughput_key("samples")] > 0
+    assert 0 <= final[contract.DATA_WAIT_PCT] <= 100
+    assert final[contract.STEPS] == 24 and final["device/type"] == "cpu"
+    assert len(list(Path(data_dir).glob("image-cnn-*/train/*.png"))) == 256  # real files on disk
+
+
+def test_same_seed_same_loss_and_other_seed_differs(data_dir: Path) -> None:
+    runs = [train(_cfg(data_dir, workload="mlp-tabular", workload_params={}, seed=s, num_steps=10), ListReporter(), CPU)
+            for s in (1, 1, 2)]
+    assert runs[0][contract.LOSS_VAL] == runs[1][contract.LOSS_VAL]
+    assert runs[0][contract.LOSS_VAL] != runs[2][contract.LOSS_VAL]
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+def test_mixed_precision_trains_on_cpu(data_dir: Path, precision: str) -> None:
+    final = train(_cfg(data_dir, workload="mlp-tabular", workload_params={}, precision=precision, num_steps=40), ListReporter(), CPU)
+    assert final[contract.LOSS_VAL] < 0.5  # the untrained MLP starts near 1.0
+
+
+def test_loader_workers_decode_images(data_dir: Path) -> None:
+    final = train(_cfg(data_dir, num_dataloader_workers=2, num_steps=6), ListReporter(), CPU)
+    assert final[contract.STEPS] == 6
+
+
+def test_tf32_on_cpu_is_unsupported_before_any_work(tmp_path: Path) -> None:
+    with pytest.raises(UnsupportedError, match="tf32"):
+        train(_cfg(tmp_path / "never-written", precision="tf32"), ListReporter(), CPU)
+    assert not (tmp_path / "never-written").exists()
+
+
+def test_batch_larger_than_dataset_is_a_clear_error(data_dir: Path) -> None:
+    with pytest.raises(WorkloadError, match="lower batch_size"):
+        train(_cfg(data_dir, batch_size=512), ListReporter(), CPU)
+
+
+def test_precision_vocabulary_on_cpu() -> None:
+    assert resolve_precision("32", CPU).autocast_dtype is None
+    bf16 = resolve_precision("bf16-mixed", CPU)
+    assert bf16.autocast_dtype == torch.bfloat16 and bf16.make_scaler() is None
+    fp16 = resolve_precision("16-mixed", CPU)
+    assert fp16.autocast_dtype == torch.float16 and isinstance(fp16.make_scaler(), torch.amp.GradScaler)
+    with pytest.raises(ValueError, match="unknown precision"):
+        resolve_precision("fp8", CPU)
+
+
+def test_loop_runs_under_plain_torchrun_with_two_ranks(tmp_path: Path) -> None:
+    out = tmp_path / "metrics.jsonl"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "trainables.launch", "--workload", "mlp-tabular", "--num-steps", "20", "--batch-size", "64",
+           "--metrics-path", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    final = [json.loads(line) for line in out.read_text().splitlines()][-1]
+    assert final[contract.WORLD_SIZE] == 2
+    # summed over ranks: global throughput is twice the per-worker figure
+    assert final["throughput/samples_per_s"] == pytest.approx(2 * final["throughput/samples_per_s_per_worker"])

@@ -1,0 +1,86 @@
+"""Spec validation: good files pass; each bad input fails with its field path and fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sweeps.cli import main
+from sweeps.spec import SpecError, load_spec, parse_spec
+
+REPO = Path(__file__).resolve().parents[1]
+
+BASE = """\
+name: t
+trainable: {name: mlp-tabular}
+budget: {num_trials: 2, num_steps: 5}
+"""
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_example_specs_validate(path: Path) -> None:
+    spec, text = load_spec(path)
+    assert spec.budget.num_trials >= 1 and text
+
+
+def test_defaults_and_fixed_values() -> None:
+    spec = parse_spec(BASE + "space:\n  pin_memory: true\n  lr: {type: float, low: 1.0e-4, high: 1.0e-1, log: true}\n")
+    assert spec.space.fixed() == {"batch_size": 32, "precision": "32", "num_dataloader_workers": 0, "pin_memory": True}
+    assert list(spec.space.searched()) == ["lr"]
+    assert spec.objective.metric == "throughput/samples_per_s" and spec.scaling.num_workers == 2
+
+
+BAD = {
+    "unknown top-level key": (BASE + "epochs: 3\n", "line 4: epochs: unknown key; allowed:"),
+    "unknown knob": (BASE + "space:\n  momentum: 0.9\n", "space.momentum: unknown key; allowed: batch_size, lr"),
+    "lr <= 0": (BASE + "space:\n  lr: {type: float, low: 0, high: 1}\n", "space.lr: 0.0 is not allowed; values must be a number > 0"),
+    "unknown precision": (BASE + "space:\n  precision: {type: categorical, choices: ['32', fp8]}\n",
+                          "space.precision: 'fp8' is not allowed; values must be one of ['32', 'tf32', '16-mixed', 'bf16-mixed']"),
+    "float batch size": (BASE + "space:\n  batch_size: {type: float, low: 1, high: 8}\n", "space.batch_size: type float is not allowed"),
+    "low > high": (BASE + "space:\n  batch_size: {type: int, low: 64, high: 8}\n", "low (64) must be <= high (8)"),
+    "unknown param type": (BASE + "space:\n  lr: {type: uniform, low: 0.1, high: 1}\n", "space.lr"),
+    "wrong type": (BASE.replace("num_trials: 2", "num_trials: two"), "budget.num_trials: Input should be a valid integer (got 'two')"),
+    "zero trials": (BASE.replace("num_trials: 2", "num_trials: 0"), "budget.num_trials: Input should be greater than or equal to 1"),
+    "missing budget": ("name: t\ntrainable: {name: mlp-tabular}\n", "budget: Field required"),
+    "unknown trainable": (BASE.replace("mlp-tabular", "resnet9000"), "unknown trainable 'resnet9000': use a registered name (image-cnn, mlp-tabular)"),
+    "bad workload param": (BASE.replace("{name: mlp-tabular}", "{name: mlp-tabular, params: {depth: 3}}"),
+                           "trainable.params: depth: unknown param for mlp-tabular; allowed: hidden, num_features"),
+    "path in name": (BASE.replace("name: t", "name: ../../etc"), "name: must be 1-64 letters, digits"),
+    "unknown objective metric": (BASE + "objective: {metric: speed}\n", "objective.metric: unknown metric; choose one of"),
+    "bad mode": (BASE + "objective: {mode: maximize}\n", "objective.mode: Input should be 'max' or 'min'"),
+    "gpus without use_gpu": (BASE + "scaling: {gpus_per_worker: 1}\n", "gpus_per_worker > 0 needs use_gpu: true"),
+    "not a mapping": ("- 1\n- 2\n", "the spec must be a YAML mapping"),
+    "broken yaml": (BASE + "space: [1\n", "not valid YAML"),
+    "python tag": (BASE + "x: !!python/object/apply:os.system ['echo pwned']\n", "not valid YAML: could not determine a constructor"),
+    "alias": ("a: &x [1, 2]\nb: *x\n", "line 2: <root>: not valid YAML: aliases (*name) are not allowed"),
+}
+
+
+@pytest.mark.parametrize("text,expected", list(BAD.values()), ids=list(BAD))
+def test_bad_specs_name_the_field_and_fix(text: str, expected: str) -> None:
+    with pytest.raises(SpecError) as info:
+        parse_spec(text, "bad.yaml")
+    assert expected in str(info.value)
+
+
+def test_every_problem_reported_at_once() -> None:
+    text = BASE.replace("num_trials: 2", "num_trials: 0") + "space:\n  lr: {type: float, low: -1, high: 1}\n  momentum: 1\n"
+    with pytest.raises(SpecError) as info:
+        parse_spec(text)
+    paths = [p.path for p in info.value.problems]
+    assert paths == ["budget.num_trials", "space.lr", "space.momentum"]
+    assert [p.line for p in info.value.problems] == [3, 5, 6]
+
+
+def test_cli_validate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(BASE)
+    assert main(["validate", str(good)]) == 0
+    assert "OK" in capsys.readouterr().out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(BASE + "space:\n  lr: -1\n")
+    assert main(["validate", str(bad)]) == 2
+    assert "space.lr: -1 is not allowed" in capsys.readouterr().err
+    assert main(["validate", str(tmp_path / "missing.yaml")]) == 2
+    assert "cannot read the spec" in capsys.readouterr().err

@@ -1,0 +1,71 @@
+"""A real small sweep: Tuner + OptunaSearch + one TorchTrainer per trial + MLflow store,
+read back through MlflowClient."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from sweeps.runner import run_sweep
+from sweeps.spec import parse_spec
+
+pytestmark = pytest.mark.ray
+
+SPEC = """\
+name: test-sweep
+description: two precisions, one unsupported on CPU
+trainable: {{name: mlp-tabular, params: {{num_train_rows: 2048}}}}
+space:
+  batch_size: {{type: categorical, choices: [32, 64]}}
+  precision: {{type: categorical, choices: ["32", "tf32"]}}
+  lr: {{type: float, low: 1.0e-3, high: 1.0e-2, log: true}}
+  num_dataloader_workers: 0
+  pin_memory: false
+budget: {{num_trials: 3, num_steps: 30, num_warmup_steps: 3}}
+scaling: {{num_workers: 2, cpus_per_worker: 1}}
+tracking: {{uri: "sqlite:///{db}", experiment: test-exp}}
+storage_path: {storage}
+seed: 3
+"""
+PARAMS = {"batch_size", "precision", "lr", "num_dataloader_workers", "pin_memory", "num_workers", "global_batch_size"}
+
+
+def test_sweep_logs_parent_and_child_runs(ray_cluster: None, tmp_path: Path) -> None:
+    text = SPEC.format(db=tmp_path / "mlflow.db", storage=tmp_path / "results")
+    lines: list[str] = []
+    outcome = run_sweep(parse_spec(text), text, echo=lines.append)
+
+    statuses = sorted(t.status for t in outcome.trials)
+    assert statuses == ["ok", "ok", "unsupported"], [(t.params["precision"], t.status, t.reason) for t in outcome.trials]
+    assert outcome.best is not None and outcome.best.params["precision"] == "32"
+    assert any("[trial 3/3]" in line and "done 3/3" in line for line in lines)
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("test-exp")
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert len(parents) == 1 and parents[0].info.run_id == outcome.parent_run_id
+    parent = parents[0]
+    assert parent.data.tags["mlflow.note.content"].startswith("two precisions")
+    assert parent.data.tags["sweep.version.ray"].startswith("2.60")
+    assert parent.data.tags["sweep.best_run_id"] == outcome.best.run_id
+    assert "spec.yaml" in [a.path for a in client.list_artifacts(parent.info.run_id)]
+
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(children) == 3
+    for child in children:
+        assert PARAMS <= set(child.data.params)
+        assert not any(k in child.data.metrics for k in ("pid", "timestamp", "training_iteration", "time_total_s"))
+        assert not any(k.startswith("config/") for k in child.data.metrics)
+        if child.data.params["precision"] == "tf32":
+            assert child.info.status == "FAILED"
+            assert child.data.tags["sweep.status"] == "unsupported"
+            assert "tf32" in child.data.tags["sweep.failure_reason"]
+            assert "throughput/samples_per_s" not in child.data.metrics  # absent, not 0
+        else:
+            assert child.info.status == "FINISHED" and child.data.tags["sweep.status"] == "ok"
+            assert child.data.metrics["throughput/samples_per_s"] > 0
+            assert "loss/val" in child.data.metrics and "time/step_ms" in child.data.metrics
+            assert child.data.tags["device/type"] == "cpu"
