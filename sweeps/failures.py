@@ -6,7 +6,7 @@ Kinds: ``unsupported`` (hardware cannot run the config), ``oom`` (device or host
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from trainables.errors import DivergedError, UnsupportedError, WorkloadError
 

@@ -10,7 +10,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -20,7 +20,7 @@ from trainables.contract import KNOWN_METRICS, PRECISIONS
 from trainables.errors import WorkloadError
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
-Scalar = Union[bool, int, float, str]
+Scalar = bool | int | float | str
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -99,7 +99,7 @@ class FixedParam(BaseModel):
     value: Scalar
 
 
-Param = Annotated[Union[FloatParam, IntParam, CategoricalParam, FixedParam], Field(discriminator="type")]
+Param = Annotated[FloatParam | IntParam | CategoricalParam | FixedParam, Field(discriminator="type")]
 
 
 def _wrap_fixed(value: Any) -> Any:
@@ -122,10 +122,8 @@ def _knob_ok(knob: str, value: Any) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         return False
-    if knob == "batch_size":
-        return bool(value >= 1)
-    if knob == "num_dataloader_workers":
-        return bool(value >= 0)
+    if knob in ("batch_size", "num_dataloader_workers"):
+        return isinstance(value, int) and value >= (1 if knob == "batch_size" else 0)
     if knob == "precision":
         return value in PRECISIONS
     return True
@@ -337,8 +335,8 @@ def parse_spec(text: str, source: str = "<spec>") -> SweepSpec:
     try:
         return SweepSpec.model_validate(data)
     except ValidationError as exc:
-        lines = _lines(node)
-        problems = [_problem(e, lines) for e in exc.errors()]
+        lines = _lines(node) if node is not None else {}
+        problems = [_problem(dict(e), lines) for e in exc.errors()]
         raise SpecError(source, sorted(problems, key=lambda p: p.line or 0)) from None
     except WorkloadError as exc:  # raised outside a field validator
         raise SpecError(source, [SpecProblem("trainable", str(exc))]) from None

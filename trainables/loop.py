@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist

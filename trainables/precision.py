@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import ContextManager
 
 import torch
 
@@ -35,7 +35,7 @@ class Precision:
             torch.backends.cudnn.allow_tf32 = self.allow_tf32
         torch.set_float32_matmul_precision("high" if self.allow_tf32 else "highest")
 
-    def autocast(self) -> ContextManager[object]:
+    def autocast(self) -> AbstractContextManager[object]:
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device_type, dtype=self.autocast_dtype)

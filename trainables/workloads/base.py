@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sized
 from dataclasses import dataclass
-from typing import Any, Callable, Sized
+from typing import Any
 
 import torch
 from torch import nn
