@@ -178,6 +178,15 @@ def _searcher(spec: SweepSpec) -> OptunaSearch:
     )
 
 
+def _local_runtime_env() -> dict[str, Any] | None:
+    """Outside a Ray job, let workers import user trainables from the current directory, as
+    `ray job submit --working-dir .` does inside one."""
+    if os.environ.get("RAY_ADDRESS") or os.environ.get("RAY_JOB_ID"):
+        return None
+    path = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)
+    return {"env_vars": {"PYTHONPATH": path}}
+
+
 def echo_stdout(line: str) -> None:
     print(line, flush=True)
 
@@ -186,7 +195,7 @@ def run_sweep(spec: SweepSpec, spec_text: str, echo: Callable[[str], None] = ech
     """Run the sweep on the Ray cluster `ray.init()` finds (or a new local one)."""
     started_ray = not ray.is_initialized()
     if started_ray:
-        ray.init()
+        ray.init(runtime_env=_local_runtime_env())
     try:
         return _run(spec, spec_text, echo)
     finally:

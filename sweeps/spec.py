@@ -268,14 +268,25 @@ class SweepSpec(BaseModel):
 # --- loading ----------------------------------------------------------------------------
 
 
+_MAX_DEPTH = 32  # a real spec is 4 levels deep; deeper input is hostile (recursion bombs)
+
+
 class _NoAliasLoader(yaml.SafeLoader):
     """SafeLoader that refuses anchors/aliases (no alias bombs) and keeps node lines."""
 
+    _depth = 0
+
     def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
+        event = self.peek_event()
         if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
             raise yaml.MarkedYAMLError("while composing the spec", None, "aliases (*name) are not allowed", event.start_mark)
-        return super().compose_node(parent, index)
+        if self._depth >= _MAX_DEPTH:
+            raise yaml.MarkedYAMLError("while composing the spec", None, f"nested deeper than {_MAX_DEPTH} levels", event.start_mark)
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 def _lines(node: yaml.Node, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], int]:

@@ -53,6 +53,9 @@ BAD = {
     "not a mapping": ("- 1\n- 2\n", "the spec must be a YAML mapping"),
     "broken yaml": (BASE + "space: [1\n", "not valid YAML"),
     "python tag": (BASE + "x: !!python/object/apply:os.system ['echo pwned']\n", "not valid YAML: could not determine a constructor"),
+    "param type": (BASE.replace("{name: mlp-tabular}", "{name: mlp-tabular, params: {hidden: [64]}}"),
+                   "trainable.params: hidden: expected int, got list [64]"),
+    "nesting bomb": ("a: " + "[" * 5000 + "]" * 5000 + "\n", "not valid YAML: nested deeper than 32 levels"),
     "alias": ("a: &x [1, 2]\nb: *x\n", "line 2: <root>: not valid YAML: aliases (*name) are not allowed"),
 }
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import re
+import typing
 from typing import TYPE_CHECKING, Any
 
 from trainables.errors import WorkloadError
@@ -56,12 +57,28 @@ def check_params(name: str, params: dict[str, Any]) -> list[str]:
         for key in params
         if key not in fields
     ]
+    hints = typing.get_type_hints(params_cls)
+    problems += [
+        f"{key}: expected {hints[key].__name__}, got {type(value).__name__} {value!r}"
+        for key, value in params.items()
+        if key in fields and not _is_type(value, hints[key])
+    ]
     if not problems:
         try:
             params_cls(**params)
         except (TypeError, ValueError) as exc:
             problems.append(str(exc))
     return problems
+
+
+def _is_type(value: Any, kind: Any) -> bool:
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return not isinstance(kind, type) or isinstance(value, kind)
 
 
 def build(name: str, params: dict[str, Any], ctx: BuildContext) -> Workload:

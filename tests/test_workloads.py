@@ -1,0 +1,74 @@
+"""Conformance suite: every registered workload (and the user-defined example) builds, trains
+a few CPU steps under each precision the CPU supports, emits the required metric keys, lowers
+its loss on a fixed seed, and repeats itself exactly with the same seed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainables import contract, registry
+from trainables.contract import TrialConfig
+from trainables.errors import WorkloadError
+from trainables.loop import train
+from trainables.reporting import ListReporter
+
+CPU = torch.device("cpu")
+CPU_PRECISIONS = ("32", "bf16-mixed", "16-mixed")  # tf32 does not exist on a CPU
+TINY: dict[str, dict[str, object]] = {
+    "image-cnn": {"image_size": 16, "num_train_images": 256, "num_val_images": 64, "width": 8, "depth": 1},
+    "mlp-tabular": {"num_train_rows": 1024, "num_val_rows": 256},
+    "examples.custom_trainable:build": {"num_rows": 1024},
+}
+WORKLOADS = [*registry.names(), "examples.custom_trainable:build"]
+
+
+def test_every_registered_workload_is_in_the_suite() -> None:
+    assert set(registry.names()) <= set(TINY), "add tiny params for the new workload to TINY"
+
+
+def _run(name: str, data_dir: Path, precision: str = "32", seed: int = 0, steps: int = 16) -> tuple[dict, list[dict]]:
+    cfg = TrialConfig(workload=name, workload_params=TINY[name], batch_size=32, precision=precision, lr=1e-2,
+                      num_steps=steps, num_warmup_steps=2, report_interval_s=1e-6, seed=seed, data_dir=str(data_dir))
+    rep = ListReporter()
+    return train(cfg, rep, CPU), rep.reports
+
+
+@pytest.mark.parametrize("precision", CPU_PRECISIONS)
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_workload_trains_under_precision(name: str, precision: str, data_dir: Path) -> None:
+    final, reports = _run(name, data_dir, precision, steps=8 if precision == "16-mixed" else 16)
+    unit = registry.build(name, TINY[name], _ctx(data_dir)).unit
+    for key in (contract.throughput_key(unit), contract.LOSS_TRAIN, contract.LOSS_VAL, contract.STEP_TIME_MS, contract.DATA_WAIT_PCT):
+        assert contract.is_metric(key, final[key]), key
+    assert final[contract.throughput_key(unit)] > 0
+
+
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_loss_falls_and_same_seed_repeats(name: str, data_dir: Path) -> None:
+    final_a, reports = _run(name, data_dir)
+    final_b, _ = _run(name, data_dir)
+    first = sum(r[contract.LOSS_TRAIN] for r in reports[:3]) / 3
+    last = sum(r[contract.LOSS_TRAIN] for r in reports[-3:]) / 3
+    assert last < first, (first, last)
+    assert final_a[contract.LOSS_VAL] == final_b[contract.LOSS_VAL]
+
+
+def _ctx(data_dir: Path):  # noqa: ANN202
+    from trainables.workloads.base import BuildContext
+
+    return BuildContext(str(data_dir), seed=0)
+
+
+def test_unknown_name_lists_registered_workloads() -> None:
+    with pytest.raises(WorkloadError, match=r"registered name \(image-cnn, mlp-tabular\)"):
+        registry.build("resnet-9000", {}, _ctx(Path(".")))
+
+
+def test_user_function_returning_the_wrong_thing_is_explained(tmp_path: Path) -> None:
+    with pytest.raises(WorkloadError, match=r"returned Linear, not a trainables.Workload\(model=..., train_dataset="):
+        registry.build("examples.custom_trainable:not_a_workload", {}, _ctx(tmp_path))
+    with pytest.raises(WorkloadError, match="cannot import trainable 'examples.nope:build'"):
+        registry.build("examples.nope:build", {}, _ctx(tmp_path))
