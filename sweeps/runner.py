@@ -167,7 +167,10 @@ class _SweepCallback(tune.Callback):
         )
 
 
-def _searcher(spec: SweepSpec) -> OptunaSearch:
+def _searcher(spec: SweepSpec) -> OptunaSearch | None:
+    """Seeded TPE over the searched knobs; None (Tune's plain repeats) when all are fixed."""
+    if not spec.space.searched():
+        return None
     sampler = optuna.samplers.TPESampler(seed=spec.seed)
     return OptunaSearch(
         space=optuna_space(spec),

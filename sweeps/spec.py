@@ -113,6 +113,7 @@ KNOBS: dict[str, tuple[Scalar, type, str]] = {
     "lr": (1e-3, float, "a number > 0"),
     "num_dataloader_workers": (0, int, "an integer >= 0"),
     "pin_memory": (False, bool, "true or false"),
+    "compile": (False, bool, "true or false"),
 }
 
 
@@ -136,6 +137,7 @@ class SpaceSpec(BaseModel):
     lr: Param = FixedParam(type="fixed", value=1e-3)
     num_dataloader_workers: Param = FixedParam(type="fixed", value=0)
     pin_memory: Param = FixedParam(type="fixed", value=False)
+    compile: Param = FixedParam(type="fixed", value=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -253,6 +255,20 @@ class SweepSpec(BaseModel):
     storage_path: str = "ray_results"
     data_dir: str = ".cache/datasets"
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _objective_unit(self) -> SweepSpec:
+        """Default the objective to the workload's throughput unit; refuse the wrong unit."""
+        unit = registry.unit(self.trainable.name)
+        metric = self.objective.metric
+        if unit is None or not metric.startswith("throughput/"):
+            return self
+        wanted = metric.replace("samples", unit) if unit != "samples" else metric.replace("tokens", unit)
+        if "metric" not in self.objective.model_fields_set:
+            object.__setattr__(self.objective, "metric", wanted)
+        elif wanted != metric:
+            raise ValueError(f"objective.metric: {self.trainable.name} reports {wanted}, not {metric}; use that")
+        return self
 
     @field_validator("name")
     @classmethod

@@ -26,14 +26,14 @@ def test_example_specs_validate(path: Path) -> None:
 
 def test_defaults_and_fixed_values() -> None:
     spec = parse_spec(BASE + "space:\n  pin_memory: true\n  lr: {type: float, low: 1.0e-4, high: 1.0e-1, log: true}\n")
-    assert spec.space.fixed() == {"batch_size": 32, "precision": "32", "num_dataloader_workers": 0, "pin_memory": True}
+    assert spec.space.fixed() == {"batch_size": 32, "precision": "32", "num_dataloader_workers": 0, "pin_memory": True, "compile": False}
     assert list(spec.space.searched()) == ["lr"]
     assert spec.objective.metric == "throughput/samples_per_s" and spec.scaling.num_workers == 2
 
 
 BAD = {
     "unknown top-level key": (BASE + "epochs: 3\n", "line 4: epochs: unknown key; allowed:"),
-    "unknown knob": (BASE + "space:\n  momentum: 0.9\n", "space.momentum: unknown key; allowed: batch_size, lr"),
+    "unknown knob": (BASE + "space:\n  momentum: 0.9\n", "space.momentum: unknown key; allowed: batch_size, compile, lr"),
     "lr <= 0": (BASE + "space:\n  lr: {type: float, low: 0, high: 1}\n", "space.lr: 0.0 is not allowed; values must be a number > 0"),
     "unknown precision": (BASE + "space:\n  precision: {type: categorical, choices: ['32', fp8]}\n",
                           "space.precision: 'fp8' is not allowed; values must be one of ['32', 'tf32', '16-mixed', 'bf16-mixed']"),
@@ -43,7 +43,7 @@ BAD = {
     "wrong type": (BASE.replace("num_trials: 2", "num_trials: two"), "budget.num_trials: Input should be a valid integer (got 'two')"),
     "zero trials": (BASE.replace("num_trials: 2", "num_trials: 0"), "budget.num_trials: Input should be greater than or equal to 1"),
     "missing budget": ("name: t\ntrainable: {name: mlp-tabular}\n", "budget: Field required"),
-    "unknown trainable": (BASE.replace("mlp-tabular", "resnet9000"), "unknown trainable 'resnet9000': use a registered name (image-cnn, mlp-tabular)"),
+    "unknown trainable": (BASE.replace("mlp-tabular", "resnet9000"), "unknown trainable 'resnet9000': use a registered name (gpt-lm, image-cnn, mlp-tabular)"),
     "bad workload param": (BASE.replace("{name: mlp-tabular}", "{name: mlp-tabular, params: {depth: 3}}"),
                            "trainable.params: depth: unknown param for mlp-tabular; allowed: hidden, num_features"),
     "path in name": (BASE.replace("name: t", "name: ../../etc"), "name: must be 1-64 letters, digits"),
@@ -87,3 +87,11 @@ def test_cli_validate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert "space.lr: -1 is not allowed" in capsys.readouterr().err
     assert main(["validate", str(tmp_path / "missing.yaml")]) == 2
     assert "cannot read the spec" in capsys.readouterr().err
+
+
+def test_objective_follows_the_workload_unit() -> None:
+    gpt = BASE.replace("mlp-tabular", "gpt-lm")
+    assert parse_spec(gpt).objective.metric == "throughput/tokens_per_s"
+    with pytest.raises(SpecError, match=r"gpt-lm reports throughput/tokens_per_s, not throughput/samples_per_s"):
+        parse_spec(gpt + "objective: {metric: throughput/samples_per_s}\n")
+    assert parse_spec(BASE + "space: {compile: {type: categorical, choices: [false, true]}}\n").space.searched()

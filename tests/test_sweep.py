@@ -69,3 +69,21 @@ def test_sweep_logs_parent_and_child_runs(ray_cluster: None, tmp_path: Path) -> 
             assert child.data.metrics["throughput/samples_per_s"] > 0
             assert "loss/val" in child.data.metrics and "time/step_ms" in child.data.metrics
             assert child.data.tags["device/type"] == "cpu"
+
+
+@pytest.mark.parametrize(
+    "workload,params,unit",
+    [
+        ("image-cnn", "{image_size: 16, num_train_images: 256, num_val_images: 64, width: 8}", "samples"),
+        ("gpt-lm", "{preset: tiny, num_train_tokens: 32768, num_val_tokens: 4096}", "tokens"),
+    ],
+)
+def test_each_workload_runs_in_a_sweep(ray_cluster: None, tmp_path: Path, data_dir: Path, workload: str, params: str, unit: str) -> None:
+    text = (f"name: wl-{workload}\ntrainable: {{name: {workload}, params: {params}}}\n"
+            "budget: {num_trials: 1, num_steps: 10, num_warmup_steps: 2}\n"
+            f"tracking: {{uri: 'sqlite:///{tmp_path / 'mlflow.db'}'}}\nstorage_path: {tmp_path / 'r'}\ndata_dir: {data_dir}\n")
+    outcome = run_sweep(parse_spec(text), text, echo=lambda _: None)
+    assert [t.status for t in outcome.trials] == ["ok"]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    child = client.get_run(outcome.trials[0].run_id)
+    assert child.data.metrics[f"throughput/{unit}_per_s"] > 0 and child.data.params["workload"] == workload

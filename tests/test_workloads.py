@@ -20,6 +20,7 @@ CPU_PRECISIONS = ("32", "bf16-mixed", "16-mixed")  # tf32 does not exist on a CP
 TINY: dict[str, dict[str, object]] = {
     "image-cnn": {"image_size": 16, "num_train_images": 256, "num_val_images": 64, "width": 8, "depth": 1},
     "mlp-tabular": {"num_train_rows": 1024, "num_val_rows": 256},
+    "gpt-lm": {"preset": "tiny", "num_train_tokens": 32768, "num_val_tokens": 4096},
     "examples.custom_trainable:build": {"num_rows": 1024},
 }
 WORKLOADS = [*registry.names(), "examples.custom_trainable:build"]
@@ -63,7 +64,7 @@ def _ctx(data_dir: Path):  # noqa: ANN202
 
 
 def test_unknown_name_lists_registered_workloads() -> None:
-    with pytest.raises(WorkloadError, match=r"registered name \(image-cnn, mlp-tabular\)"):
+    with pytest.raises(WorkloadError, match=r"registered name \(gpt-lm, image-cnn, mlp-tabular\)"):
         registry.build("resnet-9000", {}, _ctx(Path(".")))
 
 
@@ -72,3 +73,29 @@ def test_user_function_returning_the_wrong_thing_is_explained(tmp_path: Path) ->
         registry.build("examples.custom_trainable:not_a_workload", {}, _ctx(tmp_path))
     with pytest.raises(WorkloadError, match="cannot import trainable 'examples.nope:build'"):
         registry.build("examples.nope:build", {}, _ctx(tmp_path))
+
+
+def test_gpt_lm_reports_tokens_and_flops(data_dir: Path) -> None:
+    final, _ = _run("gpt-lm", data_dir, steps=4)
+    assert final["throughput/tokens_per_s"] == pytest.approx(final["throughput/tokens_per_s_per_worker"])
+    assert "throughput/samples_per_s" not in final
+    assert final[contract.TFLOPS] > 0
+    assert contract.MFU_PCT not in final  # no known peak for a CPU: absent, never 0
+
+
+def test_gpt2_small_preset_is_124m_parameters() -> None:
+    from trainables.workloads.gpt_lm import GPT, PRESETS, flops_per_token
+
+    p = PRESETS["gpt2-small"]
+    model = GPT(p)
+    assert p.vocab_size % 128 == 0
+    assert round(sum(q.numel() for q in model.parameters()) / 1e6) == 124
+    assert flops_per_token(model, p) == pytest.approx(6 * (124_475_904 - 1024 * 768) + 12 * 12 * 768 * 1024)
+
+
+def test_compile_knob_matches_eager(data_dir: Path) -> None:
+    cfg = dict(workload="gpt-lm", workload_params=TINY["gpt-lm"], batch_size=8, precision="32", lr=1e-2,
+               num_steps=3, num_warmup_steps=2, data_dir=str(data_dir))
+    eager = train(TrialConfig(**cfg), ListReporter(), CPU)  # type: ignore[arg-type]
+    compiled = train(TrialConfig(**cfg, compile=True), ListReporter(), CPU)  # type: ignore[arg-type]
+    assert compiled[contract.LOSS_VAL] == pytest.approx(eager[contract.LOSS_VAL], rel=1e-3)

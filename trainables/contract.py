@@ -25,6 +25,8 @@ STEP_TIME_MS = "time/step_ms"
 DATA_WAIT_PCT = "time/data_wait_pct"
 STEPS = "progress/steps"
 WORLD_SIZE = "progress/world_size"
+TFLOPS = "perf/tflops_per_s"  # achieved training TFLOP/s, all ranks (needs the workload's FLOPs)
+MFU_PCT = "perf/mfu_pct"  # achieved FLOP/s / (peak per device x devices); absent where peak unknown
 THROUGHPUT_UNITS: tuple[str, ...] = ("samples", "tokens")
 
 
@@ -41,7 +43,7 @@ def per_worker_throughput_key(unit: str) -> str:
 KNOWN_METRICS: tuple[str, ...] = tuple(
     [throughput_key(u) for u in THROUGHPUT_UNITS]
     + [per_worker_throughput_key(u) for u in THROUGHPUT_UNITS]
-    + [LOSS_TRAIN, LOSS_VAL, STEP_TIME_MS, DATA_WAIT_PCT]
+    + [LOSS_TRAIN, LOSS_VAL, STEP_TIME_MS, DATA_WAIT_PCT, TFLOPS, MFU_PCT]
 )
 
 
@@ -67,6 +69,7 @@ class TrialConfig:
     num_warmup_steps: int = 5
     num_dataloader_workers: int = 0
     pin_memory: bool = False
+    compile: bool = False  # torch.compile the model (compile time falls in the untimed warm-up)
     workload_params: dict[str, Any] = field(default_factory=dict)
     use_gpu: bool = False
     threads_per_worker: int = 1

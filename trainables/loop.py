@@ -25,6 +25,7 @@ from trainables import contract, registry
 from trainables.contract import TrialConfig
 from trainables.devinfo import device_facts
 from trainables.errors import DivergedError, WorkloadError
+from trainables.flops import peak_flops
 from trainables.precision import Precision, resolve_precision
 from trainables.reporting import Reporter
 from trainables.telemetry import StepTimer
@@ -108,6 +109,19 @@ def _validate(
     return summed / n
 
 
+def _flops_metrics(final: dict[str, Any], wl: Workload, cfg: TrialConfig, device: torch.device, world: int) -> dict[str, float]:
+    """Achieved TFLOP/s where the workload knows its FLOPs; MFU where the peak is known too."""
+    if wl.flops_per_item is None:
+        return {}
+    achieved = final[contract.throughput_key(wl.unit)] * wl.flops_per_item
+    out = {contract.TFLOPS: achieved / 1e12}
+    if device.type == "cuda":
+        peak = peak_flops(torch.cuda.get_device_name(device), cfg.precision)
+        if peak is not None:
+            out[contract.MFU_PCT] = 100.0 * achieved / (peak * world)
+    return out
+
+
 def train(cfg: TrialConfig, reporter: Reporter, device: torch.device) -> dict[str, Any]:
     """Train `cfg.num_warmup_steps + cfg.num_steps` steps and return the final report."""
     rank, world = _world()
@@ -120,6 +134,8 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device) -> dict[st
     model = wl.model.to(device)
     if device.type == "cuda" and wl.channels_last:
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    if cfg.compile:
+        model = torch.compile(model)  # type: ignore[assignment]
     ddp_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) if world > 1 else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, fused=device.type == "cuda")
     scaler = prec.make_scaler()
@@ -192,6 +208,7 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device) -> dict[st
     final[contract.LOSS_VAL] = _validate(ddp_model, wl, cfg, prec, device, pin)
     if not math.isfinite(final[contract.LOSS_VAL]):
         raise DivergedError(f"validation loss is {final[contract.LOSS_VAL]}")
+    final.update(_flops_metrics(final, wl, cfg, device, world))
     if rank == 0:
         final.update(device_facts(device))
     reporter.report(final)

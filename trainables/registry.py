@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import re
+import types
 import typing
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 _REGISTRY: dict[str, str] = {
     "image-cnn": "trainables.workloads.image_cnn",
     "mlp-tabular": "trainables.workloads.mlp_tabular",
+    "gpt-lm": "trainables.workloads.gpt_lm",
 }
 _IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 
@@ -42,6 +44,11 @@ def check_name(name: str) -> None:
         )
 
 
+def unit(name: str) -> str | None:
+    """The throughput unit of a registered workload (None for user-defined ones)."""
+    return importlib.import_module(_REGISTRY[name]).UNIT if name in _REGISTRY else None  # type: ignore[no-any-return]
+
+
 def check_params(name: str, params: dict[str, Any]) -> list[str]:
     """Problems with a registered workload's fixed params (empty list: fine).
 
@@ -59,7 +66,7 @@ def check_params(name: str, params: dict[str, Any]) -> list[str]:
     ]
     hints = typing.get_type_hints(params_cls)
     problems += [
-        f"{key}: expected {hints[key].__name__}, got {type(value).__name__} {value!r}"
+        f"{key}: expected {getattr(hints[key], '__name__', hints[key])}, got {type(value).__name__} {value!r}"
         for key, value in params.items()
         if key in fields and not _is_type(value, hints[key])
     ]
@@ -78,6 +85,10 @@ def _is_type(value: Any, kind: Any) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
     if kind is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        return any(_is_type(value, k) for k in typing.get_args(kind))
+    if kind is type(None):
+        return value is None
     return not isinstance(kind, type) or isinstance(value, kind)
 
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
+import shutil
 from collections.abc import Callable, Sized
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -55,3 +59,25 @@ class Workload:
             problems.append(f"unit {self.unit!r} is not one of {list(THROUGHPUT_UNITS)}")
         if problems:
             raise WorkloadError(f"workload {name!r} is malformed: " + "; ".join(problems))
+
+
+def ensure_cached(root: Path, write: Callable[[Path], None]) -> Path:
+    """Create `root` once per node by calling `write(tmp_dir)`, safe when ranks or trials race.
+
+    The first process to take the lock writes into a temporary folder and renames it into
+    place; the others wait on the lock and then reuse the result.
+    """
+    if (root / "DONE").exists():
+        return root
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / f".{root.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / "DONE").exists():
+            tmp = root.with_name(f"{root.name}.tmp{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            write(tmp)
+            (tmp / "DONE").touch()
+            shutil.rmtree(root, ignore_errors=True)
+            tmp.rename(root)
+    return root

@@ -8,11 +8,8 @@ real CPU time in the dataloader workers.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import math
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +20,7 @@ from PIL import Image, ImageDraw
 from torch import nn
 from torch.utils.data import Dataset
 
-from trainables.workloads.base import BuildContext, Workload
+from trainables.workloads.base import BuildContext, Workload, ensure_cached
 
 logger = logging.getLogger(__name__)
 
@@ -87,30 +84,22 @@ def _hsv(h: float, s: float, v: float) -> tuple[float, float, float]:
 
 
 def ensure_image_files(params: Params, data_dir: str, seed: int) -> Path:
-    """Write the PNG files once per (params, seed); safe when ranks or trials race."""
+    """Write the PNG files once per (params, seed) and node."""
     root = Path(data_dir) / (
         f"image-cnn-v{_FORMAT_VERSION}-s{params.image_size}"
         f"-n{params.num_train_images}-{params.num_val_images}-seed{seed}"
     )
-    if (root / "DONE").exists():
-        return root
-    root.parent.mkdir(parents=True, exist_ok=True)
-    with open(root.parent / f".{root.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one writer per node; the others wait, then reuse
-        if not (root / "DONE").exists():
-            tmp = root.with_name(root.name + f".tmp{os.getpid()}")
-            shutil.rmtree(tmp, ignore_errors=True)
-            rng = np.random.default_rng(seed)
-            for split, count in (("train", params.num_train_images), ("val", params.num_val_images)):
-                (tmp / split).mkdir(parents=True)
-                for i in range(count):
-                    label = int(rng.integers(NUM_CLASSES))
-                    _draw_image(rng, label, params.image_size).save(tmp / split / f"{i:06d}_{label}.png")
-            (tmp / "DONE").touch()
-            shutil.rmtree(root, ignore_errors=True)
-            tmp.rename(root)
-            logger.info("wrote %d+%d images to %s", params.num_train_images, params.num_val_images, root)
-    return root
+
+    def write(tmp: Path) -> None:
+        rng = np.random.default_rng(seed)
+        for split, count in (("train", params.num_train_images), ("val", params.num_val_images)):
+            (tmp / split).mkdir()
+            for i in range(count):
+                label = int(rng.integers(NUM_CLASSES))
+                _draw_image(rng, label, params.image_size).save(tmp / split / f"{i:06d}_{label}.png")
+        logger.info("wrote %d+%d images to %s", params.num_train_images, params.num_val_images, root)
+
+    return ensure_cached(root, write)
 
 
 class ImageFolderDataset(Dataset[tuple[torch.Tensor, int]]):
@@ -174,6 +163,9 @@ class SmallResNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.blocks(self.stem(x))
         return self.head(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+UNIT = "samples"
 
 
 def build(params: Params, ctx: BuildContext) -> Workload:

@@ -24,6 +24,9 @@ class Params:
             raise ValueError("num_features, hidden, num_train_rows and num_val_rows must be >= 1")
 
 
+UNIT = "samples"
+
+
 def build(params: Params, ctx: BuildContext) -> Workload:
     gen = torch.Generator().manual_seed(ctx.seed)
     n = params.num_train_rows + params.num_val_rows
