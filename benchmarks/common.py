@@ -1,0 +1,52 @@
+"""Helpers shared by the benchmarks: run the loop in a fresh process, take medians, record."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results.jsonl"
+
+
+def run_loop(args: list[str], nproc: int = 1, timeout_s: float = 600) -> dict[str, Any]:
+    """Run `trainables.launch` (under torchrun when nproc > 1) and return its final report."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "metrics.jsonl"
+        launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc > 1 else []
+        cmd = [sys.executable, *launcher, "-m", "trainables.launch", *args, "--metrics-path", str(out)]
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+        return dict(json.loads(out.read_text().splitlines()[-1]))
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"min": min(values), "median": statistics.median(values), "max": max(values), "n": len(values)}
+
+
+def machine() -> dict[str, Any]:
+    from trainables.devinfo import cpu_isa_flags, cpu_model
+
+    return {"cpu": cpu_model(), "isa": cpu_isa_flags(), "cores": os.cpu_count(), "python": platform.python_version()}
+
+
+def record(name: str, command: str, rows: list[dict[str, Any]]) -> None:
+    entry = {"benchmark": name, "date": dt.date.today().isoformat(), "command": command, "machine": machine(), "rows": rows}
+    with open(RESULTS, "a") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
+def table(head: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    fmt = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |"  # noqa: E731
+    return "\n".join([fmt(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(fmt, rows)])
