@@ -113,6 +113,8 @@ KNOBS: dict[str, tuple[Scalar, type, str]] = {
     "lr": (1e-3, float, "a number > 0"),
     "num_dataloader_workers": (0, int, "an integer >= 0"),
     "pin_memory": (False, bool, "true or false"),
+    "prefetch_factor": (2, int, "an integer >= 1 (batches per loader worker in flight)"),
+    "persistent_workers": (True, bool, "true or false"),
     "compile": (False, bool, "true or false"),
 }
 
@@ -123,8 +125,8 @@ def _knob_ok(knob: str, value: Any) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         return False
-    if knob in ("batch_size", "num_dataloader_workers"):
-        return isinstance(value, int) and value >= (1 if knob == "batch_size" else 0)
+    if kind is int:
+        return isinstance(value, int) and value >= (0 if knob == "num_dataloader_workers" else 1)
     if knob == "precision":
         return value in PRECISIONS
     return True
@@ -137,6 +139,8 @@ class SpaceSpec(BaseModel):
     lr: Param = FixedParam(type="fixed", value=1e-3)
     num_dataloader_workers: Param = FixedParam(type="fixed", value=0)
     pin_memory: Param = FixedParam(type="fixed", value=False)
+    prefetch_factor: Param = FixedParam(type="fixed", value=2)
+    persistent_workers: Param = FixedParam(type="fixed", value=True)
     compile: Param = FixedParam(type="fixed", value=False)
 
     @model_validator(mode="before")

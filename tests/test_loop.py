@@ -59,7 +59,7 @@ def test_mixed_precision_trains_on_cpu(data_dir: Path, precision: str) -> None:
 
 
 def test_loader_workers_decode_images(data_dir: Path) -> None:
-    final = train(_cfg(data_dir, num_dataloader_workers=2, num_steps=6), ListReporter(), CPU)
+    final = train(_cfg(data_dir, num_dataloader_workers=2, prefetch_factor=4, persistent_workers=False, num_steps=6), ListReporter(), CPU)
     assert final[contract.STEPS] == 6
 
 

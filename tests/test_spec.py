@@ -26,14 +26,14 @@ def test_example_specs_validate(path: Path) -> None:
 
 def test_defaults_and_fixed_values() -> None:
     spec = parse_spec(BASE + "space:\n  pin_memory: true\n  lr: {type: float, low: 1.0e-4, high: 1.0e-1, log: true}\n")
-    assert spec.space.fixed() == {"batch_size": 32, "precision": "32", "num_dataloader_workers": 0, "pin_memory": True, "compile": False}
+    assert spec.space.fixed() == {"batch_size": 32, "precision": "32", "num_dataloader_workers": 0, "pin_memory": True, "prefetch_factor": 2, "persistent_workers": True, "compile": False}
     assert list(spec.space.searched()) == ["lr"]
     assert spec.objective.metric == "throughput/samples_per_s" and spec.scaling.num_workers == 2
 
 
 BAD = {
     "unknown top-level key": (BASE + "epochs: 3\n", "line 4: epochs: unknown key; allowed:"),
-    "unknown knob": (BASE + "space:\n  momentum: 0.9\n", "space.momentum: unknown key; allowed: batch_size, compile, lr"),
+    "unknown knob": (BASE + "space:\n  momentum: 0.9\n", "space.momentum: unknown key; allowed: batch_size, compile, lr, num_dataloader_workers, persistent_workers, pin_memory, precision, prefetch_factor"),
     "lr <= 0": (BASE + "space:\n  lr: {type: float, low: 0, high: 1}\n", "space.lr: 0.0 is not allowed; values must be a number > 0"),
     "unknown precision": (BASE + "space:\n  precision: {type: categorical, choices: ['32', fp8]}\n",
                           "space.precision: 'fp8' is not allowed; values must be one of ['32', 'tf32', '16-mixed', 'bf16-mixed']"),

@@ -69,6 +69,8 @@ class TrialConfig:
     num_warmup_steps: int = 5
     num_dataloader_workers: int = 0
     pin_memory: bool = False
+    prefetch_factor: int = 2  # batches each loader worker prepares ahead (needs loader workers)
+    persistent_workers: bool = True  # keep loader workers alive across epochs
     compile: bool = False  # torch.compile the model (compile time falls in the untimed warm-up)
     workload_params: dict[str, Any] = field(default_factory=dict)
     use_gpu: bool = False

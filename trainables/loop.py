@@ -64,7 +64,8 @@ def _make_loader(
         num_workers=workers,
         pin_memory=pin,
         drop_last=train,
-        persistent_workers=train and workers > 0,
+        persistent_workers=train and workers > 0 and cfg.persistent_workers,
+        prefetch_factor=cfg.prefetch_factor if workers > 0 else None,
         generator=torch.Generator().manual_seed(cfg.seed + rank) if sampler is None else None,
     )
     if train and len(loader) == 0:
