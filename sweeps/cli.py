@@ -40,6 +40,19 @@ def _run(args: argparse.Namespace) -> int:
     return 0 if outcome.best is not None else 1
 
 
+def _cluster_check(args: argparse.Namespace) -> int:
+    from sweeps.clustercheck import check_file
+
+    failed = 0
+    for path in args.files:
+        findings = check_file(path)
+        failed += bool(findings)
+        print(f"{path}: " + ("OK" if not findings else f"{len(findings)} finding(s)"))
+        for f in findings:
+            print(f"  {f}")
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sweeps", description="Find the fastest correct way to train a model.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -49,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("run", help="run a sweep on the Ray cluster ray.init() finds, or a local one")
     p.add_argument("spec")
     p.set_defaults(func=_run)
+    p = sub.add_parser("cluster-check", help="validate Ray cluster YAMLs offline and flag exposures")
+    p.add_argument("files", nargs="+")
+    p.set_defaults(func=_cluster_check)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return int(args.func(args))

@@ -34,6 +34,9 @@ def trials_table(outcome: SweepOutcome) -> str:
     rows = [row(str(i + 1), t) for i, t in enumerate(ranked)] + [row("-", t) for t in rest]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [head, *rows]]
+    if ranked:
+        lines.append("\nBottleneck verdicts:")
+        lines += [f"  trial {t.number}: {t.verdict}" for t in ranked]
     for t in rest:
         if t.reason:
             lines.append(f"  trial {t.number} {t.status}: {t.reason}")

@@ -22,6 +22,7 @@ from sweeps.failures import TrialFailure, classify, failure_of
 from sweeps.space import optuna_space, resolve_trial, trial_params
 from sweeps.spec import ScalingSpec, SweepSpec
 from sweeps.tracking import SweepTracker
+from sweeps.verdict import verdict
 from trainables.contract import STEPS, TrialConfig
 
 logger = logging.getLogger(__name__)
@@ -78,6 +79,7 @@ class TrialRow:
     run_id: str | None = None
     status: str = "running"  # running | ok | <failure kind>
     reason: str = ""
+    verdict: str = ""  # "name: one-line reason" for finished trials
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
@@ -143,7 +145,12 @@ class _SweepCallback(tune.Callback):
     def _finish(self, trial_id: str, status: str, reason: str) -> None:
         row = self.rows[trial_id]
         row.status, row.reason = status, reason
-        self.tracker.end_trial(trial_id, ok=status == "ok", kind=status, reason=reason)
+        tags = {}
+        if status == "ok":
+            v = verdict(row.metrics, row.params)
+            row.verdict = str(v)
+            tags = {"sweep.verdict": v.name, "sweep.verdict_reason": v.reason}
+        self.tracker.end_trial(trial_id, ok=status == "ok", kind=status, reason=reason, tags=tags)
         self.echo(self._progress(row))
 
     def _progress(self, row: TrialRow) -> str:
@@ -151,7 +158,8 @@ class _SweepCallback(tune.Callback):
         done = [r for r in rows if r.status != "running"]
         failed = [r for r in done if r.status != "ok"]
         metric = self.spec.objective.metric
-        what = f"{metric}={row.metrics.get(metric, float('nan')):.4g}" if row.status == "ok" else f"FAILED ({row.status}: {row.reason})"
+        what = (f"{metric}={row.metrics.get(metric, float('nan')):.4g} [{row.verdict.split(':')[0]}]"
+                if row.status == "ok" else f"FAILED ({row.status}: {row.reason})")
         elapsed = time.monotonic() - self.t0
         total = self.spec.budget.num_trials
         eta = elapsed / len(done) * (total - len(done)) if done else math.nan
@@ -165,6 +173,20 @@ class _SweepCallback(tune.Callback):
             f"[trial {row.number}/{total}] {what} | done {len(done)}/{total}, running {len(rows) - len(done)}, "
             f"failed {len(failed)}{best} | elapsed {elapsed:.0f}s, ETA {eta:.0f}s"
         )
+
+
+def _concurrency_note(spec: SweepSpec, resources: dict[str, float]) -> str:
+    """How many trials fit the cluster at once (all workers of a trial start together)."""
+    sc = spec.scaling
+    need = {"CPU": sc.num_workers * sc.cpus_per_worker, "GPU": sc.num_workers * sc.gpus_per_worker}
+    fits = min(int(resources.get(k, 0) // v) for k, v in need.items() if v > 0)
+    asked = spec.budget.max_concurrent_trials
+    note = f"cluster fits {fits} trial(s) at once ({need['CPU']} CPU, {need['GPU']:g} GPU each); running {asked}"
+    if fits == 0:
+        return note + " — WARNING: not even one trial fits now; trials wait for the autoscaler or fail"
+    if asked > fits:
+        return note + f" — WARNING: only {fits} fit, the rest wait; set budget.max_concurrent_trials: {fits}"
+    return note
 
 
 def _searcher(spec: SweepSpec) -> OptunaSearch | None:
@@ -215,6 +237,7 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None]) -> SweepO
         spec.name, spec.description, spec_text,
         tags={f"sweep.cluster.{k}": v for k, v in resources.items()} | {"sweep.objective": f"{spec.objective.mode} {spec.objective.metric}"},
     )
+    echo(_concurrency_note(spec, ray.cluster_resources()))
     storage = str(Path(spec.storage_path).resolve())
     echo(f"sweep {spec.name}: {spec.budget.num_trials} trials, objective {spec.objective.mode} "
          f"{spec.objective.metric}; MLflow parent run {parent} at {uri}")

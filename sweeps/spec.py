@@ -237,6 +237,11 @@ class ScalingSpec(BaseModel):
         return self
 
 
+class TelemetrySpec(BaseModel):
+    model_config = _STRICT
+    period_s: float = Field(default=1.0, ge=0, description="NVML/psutil sampling period; 0 turns sampling off")
+
+
 class TrackingSpec(BaseModel):
     model_config = _STRICT
     uri: str | None = Field(default=None, description="MLflow URI; default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
@@ -256,6 +261,7 @@ class SweepSpec(BaseModel):
     budget: BudgetSpec
     scaling: ScalingSpec = ScalingSpec()
     tracking: TrackingSpec = TrackingSpec()
+    telemetry: TelemetrySpec = TelemetrySpec()
     storage_path: str = "ray_results"
     data_dir: str = ".cache/datasets"
     seed: int = 0

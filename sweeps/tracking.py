@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from trainables.contract import is_metric
+from trainables.contract import METRIC_KEY, is_metric
 
 logger = logging.getLogger(__name__)
 _MAX_PARAM_LEN = 6000
@@ -61,7 +61,6 @@ class SweepTracker:
         self.experiment_id = self._experiment(experiment)
         self.parent_id: str | None = None
         self._children: dict[str, str] = {}
-        self._tagged: set[str] = set()
 
     def _experiment(self, name: str) -> str:
         found = self.client.get_experiment_by_name(name)
@@ -101,16 +100,15 @@ class SweepTracker:
         run_id = self._children[trial_id]
         now = int(time.time() * 1000)
         metrics = [Metric(k, float(v), now, step) for k, v in result.items() if is_metric(k, v)]
-        tags = []
-        if trial_id not in self._tagged:
-            tags = [RunTag(k, str(v)) for k, v in result.items() if k.startswith("device/") and isinstance(v, str)]
-            if tags:
-                self._tagged.add(trial_id)
+        # String facts the loop reports (device/*, gpu/clock_reasons) become tags.
+        tags = [RunTag(k, v) for k, v in result.items() if isinstance(v, str) and METRIC_KEY.match(k)]
         if metrics or tags:
             self.client.log_batch(run_id, metrics=metrics, tags=tags)
 
-    def end_trial(self, trial_id: str, ok: bool, kind: str = "ok", reason: str = "") -> None:
+    def end_trial(self, trial_id: str, ok: bool, kind: str = "ok", reason: str = "", tags: dict[str, str] | None = None) -> None:
         run_id = self._children[trial_id]
+        for key, value in (tags or {}).items():
+            self.client.set_tag(run_id, key, value[:_MAX_PARAM_LEN])
         self.client.set_tag(run_id, "sweep.status", kind)
         if reason:
             self.client.set_tag(run_id, "sweep.failure_reason", reason[:_MAX_PARAM_LEN])

@@ -69,6 +69,11 @@ def test_sweep_logs_parent_and_child_runs(ray_cluster: None, tmp_path: Path) -> 
             assert child.data.metrics["throughput/samples_per_s"] > 0
             assert "loss/val" in child.data.metrics and "time/step_ms" in child.data.metrics
             assert child.data.tags["device/type"] == "cpu"
+            # telemetry on CPU: CPU use and data wait, a verdict; no GPU metric, not even a 0
+            assert child.data.metrics["cpu/worker_util_mean_pct"] > 0 and "time/data_wait_pct" in child.data.metrics
+            assert not any(k.startswith("gpu/") for k in child.data.metrics)
+            assert child.data.tags["sweep.verdict"] in ("input-bound", "compute-bound", "unclear")
+            assert child.data.tags["sweep.verdict_reason"]
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,18 @@ STEPS = "progress/steps"
 WORLD_SIZE = "progress/world_size"
 TFLOPS = "perf/tflops_per_s"  # achieved training TFLOP/s, all ranks (needs the workload's FLOPs)
 MFU_PCT = "perf/mfu_pct"  # achieved FLOP/s / (peak per device x devices); absent where peak unknown
+GPU_UTIL_MEAN_PCT = "gpu/util_mean_pct"
+GPU_MEM_PEAK_GIB = "gpu/mem_peak_gib"
+GPU_POWER_MEAN_W = "gpu/power_mean_w"
+H2D_COPY_PCT = "time/h2d_copy_pct"
+CPU_WORKER_PCT = "cpu/worker_util_mean_pct"  # % of one core, the training process itself
+CPU_LOADERS_PCT = "cpu/loader_util_mean_pct"  # % of one core, summed over its dataloader workers
+MEM_HEADROOM_GIB = "memory/headroom_gib"
+MEM_TOTAL_GIB = "memory/total_gib"
+
+
+def energy_key(unit: str) -> str:
+    return f"energy/per_1k_{unit}_j"
 THROUGHPUT_UNITS: tuple[str, ...] = ("samples", "tokens")
 
 
@@ -43,7 +55,9 @@ def per_worker_throughput_key(unit: str) -> str:
 KNOWN_METRICS: tuple[str, ...] = tuple(
     [throughput_key(u) for u in THROUGHPUT_UNITS]
     + [per_worker_throughput_key(u) for u in THROUGHPUT_UNITS]
-    + [LOSS_TRAIN, LOSS_VAL, STEP_TIME_MS, DATA_WAIT_PCT, TFLOPS, MFU_PCT]
+    + [energy_key(u) for u in THROUGHPUT_UNITS]
+    + [LOSS_TRAIN, LOSS_VAL, STEP_TIME_MS, DATA_WAIT_PCT, TFLOPS, MFU_PCT, GPU_UTIL_MEAN_PCT, GPU_MEM_PEAK_GIB,
+       GPU_POWER_MEAN_W, H2D_COPY_PCT, CPU_WORKER_PCT, CPU_LOADERS_PCT, MEM_HEADROOM_GIB]
 )
 
 
@@ -71,6 +85,7 @@ class TrialConfig:
     pin_memory: bool = False
     prefetch_factor: int = 2  # batches each loader worker prepares ahead (needs loader workers)
     persistent_workers: bool = True  # keep loader workers alive across epochs
+    telemetry_period_s: float = 1.0  # NVML/psutil sampling period; 0 turns the sampler off
     compile: bool = False  # torch.compile the model (compile time falls in the untimed warm-up)
     workload_params: dict[str, Any] = field(default_factory=dict)
     use_gpu: bool = False

@@ -32,6 +32,7 @@ def _parse(argv: list[str] | None) -> TrialConfig:
     p.add_argument("--pin-memory", action="store_true")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--prefetch-factor", type=int, default=2)
+    p.add_argument("--telemetry-period-s", type=float, default=1.0, help="0 turns the NVML/psutil sampler off")
     p.add_argument("--no-persistent-workers", dest="persistent_workers", action="store_false")
     p.add_argument("--threads-per-worker", type=int, default=1)
     p.add_argument("--report-interval-s", type=float, default=10.0)
@@ -44,6 +45,7 @@ def _parse(argv: list[str] | None) -> TrialConfig:
         precision=a.precision, lr=a.lr, num_steps=a.num_steps, num_warmup_steps=a.num_warmup_steps,
         num_dataloader_workers=a.num_dataloader_workers, pin_memory=a.pin_memory, compile=a.compile,
         prefetch_factor=a.prefetch_factor, persistent_workers=a.persistent_workers,
+        telemetry_period_s=a.telemetry_period_s,
         use_gpu=torch.cuda.is_available(), threads_per_worker=a.threads_per_worker,
         report_interval_s=a.report_interval_s, seed=a.seed, data_dir=a.data_dir, metrics_path=a.metrics_path,
     )

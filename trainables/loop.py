@@ -9,6 +9,7 @@ only when reporting, which happens every `report_every` steps, agreed by all ran
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import warnings
@@ -28,7 +29,7 @@ from trainables.errors import DivergedError, WorkloadError
 from trainables.flops import peak_flops
 from trainables.precision import Precision, resolve_precision
 from trainables.reporting import Reporter
-from trainables.telemetry import StepTimer
+from trainables.telemetry import StepTimer, Telemetry, combine_ranks
 from trainables.workloads.base import BuildContext, Workload
 
 logger = logging.getLogger(__name__)
@@ -110,6 +111,18 @@ def _validate(
     return summed / n
 
 
+def _telemetry_metrics(telemetry: Telemetry | None, elapsed: float, since_last: bool, world: int) -> dict[str, Any]:
+    """This window's telemetry, combined over ranks (every rank calls this at the same points)."""
+    if telemetry is None:
+        return {}
+    mine = telemetry.rank_summary(elapsed, since_last)
+    if world == 1:
+        return combine_ranks([mine])
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, mine)
+    return combine_ranks(gathered)
+
+
 def _flops_metrics(final: dict[str, Any], wl: Workload, cfg: TrialConfig, device: torch.device, world: int) -> dict[str, float]:
     """Achieved TFLOP/s where the workload knows its FLOPs; MFU where the peak is known too."""
     if wl.flops_per_item is None:
@@ -127,6 +140,8 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device) -> dict[st
     """Train `cfg.num_warmup_steps + cfg.num_steps` steps and return the final report."""
     rank, world = _world()
     torch.set_num_threads(cfg.threads_per_worker)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     torch.manual_seed(cfg.seed)
     prec = resolve_precision(cfg.precision, device)  # before any work: unsupported fails fast
     prec.apply_matmul_flags()
@@ -146,6 +161,7 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device) -> dict[st
     loader, sampler = _make_loader(wl.train_dataset, cfg, pin, train=True, rank=rank, world=world)
     batches = _batches(loader, sampler)
     timer = StepTimer(device)
+    telemetry = Telemetry(device, cfg.telemetry_period_s) if cfg.telemetry_period_s > 0 else None
     unit, per_item = wl.unit, wl.items_per_sample
 
     loss_sum = torch.zeros((), dtype=torch.float32, device=device)
@@ -153,9 +169,11 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device) -> dict[st
     report_every = cfg.num_steps  # refined after warm-up from the measured step time
     warm_t0 = 0.0
 
-    def window_metrics() -> dict[str, Any]:
+    def window_metrics(final: bool = False) -> dict[str, Any]:
         nonlocal loss_sum, loss_count
         elapsed = timer.elapsed_s()
+        if final and telemetry is not None:
+            telemetry.stop()
         summed = _all_reduce([timer.steps * cfg.batch_size * per_item, timer.data_wait_s / elapsed,
                               loss_sum.item(), float(loss_count)], device)
         (max_elapsed,) = _all_reduce([elapsed], device, op="max")
@@ -164,7 +182,10 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device) -> dict[st
         if not math.isfinite(train_loss):
             raise DivergedError(f"training loss became {train_loss} by measured step {timer.steps}")
         loss_sum, loss_count = torch.zeros_like(loss_sum), 0
-        return {
+        measured = _telemetry_metrics(telemetry, elapsed, since_last=not final, world=world)
+        if "energy/total_j" in measured and items > 0:
+            measured[contract.energy_key(unit)] = 1000.0 * measured["energy/total_j"] / items
+        return measured | {
             contract.throughput_key(unit): items / max_elapsed,
             contract.per_worker_throughput_key(unit): items / max_elapsed / world,
             contract.LOSS_TRAIN: train_loss,
@@ -181,11 +202,14 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device) -> dict[st
                 (warm_step_s,) = _all_reduce([(timer._clock() - warm_t0) / (step - 1)], device, op="max")
                 report_every = max(1, int(cfg.report_interval_s / max(warm_step_s, 1e-9)))
             timer.start()
+            if telemetry is not None:
+                telemetry.start()
         elif step == 1:
             warm_t0 = timer._clock()  # step 0 (allocations, loader start-up) is not representative
         with timer.data_wait():
             batch = next(batches)
-        x, y = _to(batch, device, pin)
+        with telemetry.h2d_copy(timer.measuring) if telemetry is not None else contextlib.nullcontext():
+            x, y = _to(batch, device, pin)
         if device.type == "cuda" and wl.channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
         with prec.autocast():
@@ -205,12 +229,16 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device) -> dict[st
             if timer.steps % report_every == 0 and timer.steps < cfg.num_steps:
                 reporter.report(window_metrics())
 
-    final = window_metrics()
+    final = window_metrics(final=True)
     final[contract.LOSS_VAL] = _validate(ddp_model, wl, cfg, prec, device, pin)
     if not math.isfinite(final[contract.LOSS_VAL]):
         raise DivergedError(f"validation loss is {final[contract.LOSS_VAL]}")
     final.update(_flops_metrics(final, wl, cfg, device, world))
     if rank == 0:
         final.update(device_facts(device))
+        if telemetry is not None:
+            final.update(telemetry.facts)
+        if device.type == "cuda":
+            final["device/gpu_count"] = str(world)
     reporter.report(final)
     return final

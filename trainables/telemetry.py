@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -51,3 +53,105 @@ class StepTimer:
         assert self._t0 is not None, "StepTimer.start() was not called"
         self._sync()
         return self._clock() - self._t0
+
+
+# --- per-trial telemetry: sampler + memory + copy time, combined over ranks -------------
+
+# How a rank's summary value combines over ranks.
+_COMBINE: dict[str, str] = {
+    "gpu/util_mean_pct": "mean", "gpu/util_p10_pct": "mean", "gpu/mem_peak_gib": "max",
+    "gpu/power_mean_w": "mean", "gpu/temp_max_c": "max", "gpu/sm_clock_mean_mhz": "mean",
+    "gpu/sm_active_mean_pct": "mean", "gpu/tensor_active_mean_pct": "mean", "energy/total_j": "sum",
+    "cpu/worker_util_mean_pct": "mean", "cpu/loader_util_mean_pct": "mean",
+    "memory/max_allocated_gib": "max", "memory/max_reserved_gib": "max", "memory/headroom_gib": "min",
+    "memory/total_gib": "min", "time/h2d_copy_pct": "mean",
+}
+
+
+def combine_ranks(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Combine per-rank summaries; a key missing on any rank is absent (never a partial mean)."""
+    out: dict[str, Any] = {}
+    for key, how in _COMBINE.items():
+        vals = [s[key] for s in summaries if key in s]
+        if not vals or len(vals) != len(summaries):
+            continue
+        out[key] = {"mean": sum(vals) / len(vals), "max": max(vals), "min": min(vals), "sum": sum(vals)}[how]
+    reasons = sorted({r for s in summaries for r in s.get("gpu/clock_reasons", "").split(",") if r})
+    if any("gpu/clock_reasons" in s for s in summaries):
+        out["gpu/clock_reasons"] = ",".join(reasons) or "none"
+    return out
+
+
+class Telemetry:
+    """Everything measured about one rank besides step time: sampler, memory, copy time."""
+
+    def __init__(self, device: torch.device, period_s: float) -> None:
+        from trainables.sampler import CpuReader, GpuIdentity, NvmlDevice, Sampler, load_nvml
+
+        self.device = device
+        self.facts: dict[str, str] = {}
+        readers: list[Any] = [CpuReader()]
+        self.gpu: NvmlDevice | None = None
+        if device.type == "cuda":
+            nvml = load_nvml()
+            if nvml is not None:
+                try:
+                    self.gpu = NvmlDevice(nvml, GpuIdentity.of(device))
+                    readers.append(self.gpu)
+                    self.facts.update({k: v for k, v in self.gpu.facts.items() if v})
+                except (LookupError, nvml.NVMLError) as exc:
+                    logging.getLogger(__name__).warning("no NVML handle for %s: %s", device, exc)
+        self.sampler = Sampler(readers, period_s)
+        self._mark = 0
+        self._copy_events: list[tuple[Any, Any]] = []
+        self._copy_s = 0.0
+
+    def start(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.sampler.start()
+
+    def stop(self) -> None:
+        self.sampler.stop()
+
+    @contextlib.contextmanager
+    def h2d_copy(self, measuring: bool) -> Iterator[None]:
+        """Times host->device copies with CUDA events: no host sync on the hot path."""
+        if not measuring or self.device.type != "cuda":
+            yield
+            return
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        yield
+        end.record()
+        self._copy_events.append((start, end))
+
+    def rank_summary(self, elapsed_s: float, since_last: bool) -> dict[str, Any]:
+        """This rank's figures: sampled ones over the samples since the last call (a time
+        series point) or over the whole window; memory peaks and copy share are cumulative."""
+        from trainables.sampler import summarize
+
+        start = self._mark if since_last else 0
+        samples = self.sampler.window(start)
+        self._mark = len(self.sampler.samples)
+        out: dict[str, Any] = summarize(samples)
+        if self.gpu is not None:
+            masks = [int(s["clock_reasons"]) for s in samples if "clock_reasons" in s]
+            if masks:
+                union = 0
+                for m in masks:
+                    union |= m
+                out["gpu/clock_reasons"] = ",".join(self.gpu.clock_reason_names(union))
+        if self.device.type == "cuda":
+            total = torch.cuda.get_device_properties(self.device).total_memory / 1024**3
+            reserved = torch.cuda.max_memory_reserved(self.device) / 1024**3
+            out["memory/max_allocated_gib"] = torch.cuda.max_memory_allocated(self.device) / 1024**3
+            out["memory/max_reserved_gib"] = reserved
+            out["memory/total_gib"] = total
+            out["memory/headroom_gib"] = total - reserved
+            # Cumulative over the window, like data wait. The caller synchronized: events are done.
+            self._copy_s += sum(a.elapsed_time(b) for a, b in self._copy_events) / 1000.0
+            self._copy_events.clear()
+            if elapsed_s > 0:
+                out["time/h2d_copy_pct"] = 100.0 * self._copy_s / elapsed_s
+        return out
