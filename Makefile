@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 UI_PORT ?= 5000
 
-.PHONY: install install-dev demo test lint ui clean
+.PHONY: install install-dev browser demo test lint ui clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,16 @@ install-dev: $(VENV)/.installed-dev
 demo: install
 	$(PY) -m sweeps run examples/demo.yaml
 
-test: install-dev
+# Debian's Chromium for the MLflow-UI browser test (Playwright drives it; nothing is downloaded
+# by the test tool itself). Needs root or sudo; without them the UI test skips with the reason.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium >/dev/null 2>&1 || \
+	  { $$SUDO apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium >/dev/null 2>&1; } || \
+	  echo "WARNING: could not install chromium; the MLflow UI browser test will skip"; }
+
+test: install-dev browser
 	$(PY) -m pytest -q -rs
 
 lint: install-dev

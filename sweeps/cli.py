@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from sweeps.spec import SpecError, load_spec
@@ -35,9 +36,43 @@ def _run(args: argparse.Namespace) -> int:
           f"{len(outcome.ranked())}/{len(outcome.trials)} trials ok (objective: {spec.objective.mode} {spec.objective.metric})\n")
     print(trials_table(outcome))
     print("\nBest configuration:\n" + best_fragment(outcome))
+    from sweeps.report import next_steps
+
+    print("\nNext: " + next_steps(outcome))
     print(f"\nMLflow: parent run {outcome.parent_run_id} in {outcome.tracking_uri}")
     print(f"Open the UI: {ui_hint(outcome.tracking_uri)}")
     return 0 if outcome.best is not None else 1
+
+
+def _report(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from mlflow.tracking import MlflowClient
+
+    from sweeps.report import best_fragment, load_outcome, next_steps, to_json, trials_table
+
+    client = MlflowClient(args.tracking_uri)
+    try:
+        outcome = load_outcome(client, args.sweep)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if args.out:
+        from sweeps.plots import publish
+
+        publish(outcome, client, Path(args.out), log=False)
+    if args.format == "json":
+        print(json.dumps(to_json(outcome), indent=2, default=str))
+        return 0
+    print(f"Sweep {outcome.spec.name} (parent run {outcome.parent_run_id}): {len(outcome.ranked())}/"
+          f"{len(outcome.trials)} trials ok, objective {outcome.spec.objective.mode} {outcome.spec.objective.metric}\n")
+    print(trials_table(outcome))
+    print("\nBest configuration:\n" + best_fragment(outcome))
+    print("\nNext: " + next_steps(outcome))
+    if args.out:
+        print(f"\nFigures and summary.html written to {args.out}")
+    return 0
 
 
 def _cluster_check(args: argparse.Namespace) -> int:
@@ -62,6 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("run", help="run a sweep on the Ray cluster ray.init() finds, or a local one")
     p.add_argument("spec")
     p.set_defaults(func=_run)
+    p = sub.add_parser("report", help="a finished (or running) sweep's trials, best config, verdicts, figures")
+    p.add_argument("sweep", help="sweep name (latest parent run of that name) or parent run id")
+    p.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"))
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--out", help="also write the figures and summary.html into this folder")
+    p.set_defaults(func=_report)
     p = sub.add_parser("cluster-check", help="validate Ray cluster YAMLs offline and flag exposures")
     p.add_argument("files", nargs="+")
     p.set_defaults(func=_cluster_check)

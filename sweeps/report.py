@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sweeps.runner import SweepOutcome, TrialRow
+from sweeps.outcome import SweepOutcome, TrialRow
 from trainables.contract import DATA_WAIT_PCT, LOSS_VAL, STEP_TIME_MS
 
 _COLUMNS = ("batch_size", "precision", "lr", "num_dataloader_workers", "pin_memory")
@@ -50,3 +50,68 @@ def best_fragment(outcome: SweepOutcome) -> str:
         return "no trial finished; nothing to recommend"
     lines = ["space:"] + [f"  {c}: {json.dumps(best.params[c])}" for c in _COLUMNS]
     return "\n".join(lines)
+
+
+def _typed(value: str) -> Any:
+    if value in ("True", "False"):
+        return value == "True"
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            pass
+    return value
+
+
+def load_outcome(client: Any, name_or_run_id: str) -> SweepOutcome:
+    """Rebuild a sweep's outcome from MLflow: the latest parent run named so, or that run id."""
+    from mlflow.exceptions import MlflowException
+
+    from sweeps.spec import parse_spec
+
+    parent = None
+    try:
+        parent = client.get_run(name_or_run_id)
+    except MlflowException:
+        exp_ids = [e.experiment_id for e in client.search_experiments()]
+        found = client.search_runs(exp_ids, f"tags.`sweep.name` = '{name_or_run_id}'", order_by=["attributes.start_time DESC"], max_results=1)
+        parent = found[0] if found else None
+    if parent is None or "mlflow.parentRunId" in parent.data.tags:
+        raise ValueError(f"no sweep named {name_or_run_id!r} (and no parent run with that id) in {client.tracking_uri}; "
+                         "check --tracking-uri or the sweep name")
+    run_id = parent.info.run_id
+    with open(client.download_artifacts(run_id, "spec.yaml")) as f:
+        spec = parse_spec(f.read(), f"spec.yaml of run {run_id}")
+    children = client.search_runs([parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{run_id}'")
+    rows = []
+    for child in sorted(children, key=lambda r: r.info.run_name or ""):
+        tags = child.data.tags
+        verdict = f"{tags['sweep.verdict']}: {tags.get('sweep.verdict_reason', '')}" if "sweep.verdict" in tags else ""
+        number = int((child.info.run_name or "trial-0").split("-")[1]) if (child.info.run_name or "").startswith("trial-") else 0
+        rows.append(TrialRow(tags.get("sweep.trial_id", child.info.run_id), number,
+                             {k: _typed(v) for k, v in child.data.params.items()}, child.info.run_id,
+                             tags.get("sweep.status", "running"), tags.get("sweep.failure_reason", ""), verdict,
+                             dict(child.data.metrics)))
+    elapsed = ((parent.info.end_time or parent.info.start_time) - parent.info.start_time) / 1000
+    return SweepOutcome(spec, run_id, client.tracking_uri, rows, elapsed)
+
+
+def to_json(outcome: SweepOutcome) -> dict[str, Any]:
+    best = outcome.best
+    return {
+        "sweep": outcome.spec.name,
+        "parent_run_id": outcome.parent_run_id,
+        "objective": {"metric": outcome.spec.objective.metric, "mode": outcome.spec.objective.mode},
+        "best": None if best is None else {"trial": best.trial_id, "run_id": best.run_id, "params": best.params,
+                                             "metrics": best.metrics, "verdict": best.verdict},
+        "trials": [{"trial": t.trial_id, "number": t.number, "run_id": t.run_id, "status": t.status, "reason": t.reason,
+                    "verdict": t.verdict, "params": t.params, "metrics": t.metrics} for t in outcome.trials],
+    }
+
+
+def next_steps(outcome: SweepOutcome) -> str:
+    """What to try next, from the best trial's verdict (the rules live in sweeps.verdict)."""
+    best = outcome.best
+    if best is None or not best.verdict:
+        return "no finished trial to learn from; fix the failures listed above first"
+    return f"best trial {best.number} is {best.verdict}"

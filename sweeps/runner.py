@@ -8,7 +8,6 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from ray import tune
 from ray.tune.search.optuna import OptunaSearch
 
 from sweeps.failures import TrialFailure, classify, failure_of
+from sweeps.outcome import SweepOutcome, TrialRow
 from sweeps.space import optuna_space, resolve_trial, trial_params
 from sweeps.spec import ScalingSpec, SweepSpec
 from sweeps.tracking import SweepTracker
@@ -69,38 +69,6 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, storage_path: str) -> Non
     except Exception as exc:  # noqa: BLE001 - every failure is classified, then re-raised
         kind, reason = classify(exc)
         raise TrialFailure(kind, reason) from None
-
-
-@dataclass
-class TrialRow:
-    trial_id: str
-    number: int
-    params: dict[str, Any]
-    run_id: str | None = None
-    status: str = "running"  # running | ok | <failure kind>
-    reason: str = ""
-    verdict: str = ""  # "name: one-line reason" for finished trials
-    metrics: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class SweepOutcome:
-    spec: SweepSpec
-    parent_run_id: str
-    tracking_uri: str
-    trials: list[TrialRow]
-    elapsed_s: float
-
-    def ranked(self) -> list[TrialRow]:
-        """Finished trials, best first by the objective; failed ones never rank."""
-        metric, sign = self.spec.objective.metric, (-1 if self.spec.objective.mode == "max" else 1)
-        ok = [t for t in self.trials if t.status == "ok" and isinstance(t.metrics.get(metric), (int, float))]
-        return sorted(ok, key=lambda t: sign * float(t.metrics[metric]))
-
-    @property
-    def best(self) -> TrialRow | None:
-        ranked = self.ranked()
-        return ranked[0] if ranked else None
 
 
 def _trial_error(trial: Any) -> BaseException | None:
@@ -263,4 +231,16 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None]) -> SweepO
         if best is not None and best.run_id:
             tags["sweep.best_run_id"] = best.run_id
         tracker.end_sweep(ok, metrics, tags)
+        if outcome.trials:
+            _publish_report(outcome, tracker, echo)
     return outcome
+
+
+def _publish_report(outcome: SweepOutcome, tracker: SweepTracker, echo: Callable[[str], None]) -> None:
+    from sweeps.plots import publish
+
+    try:
+        publish(outcome, tracker.client)
+        echo(f"report: figures and summary.html logged under report/ on parent run {outcome.parent_run_id}")
+    except Exception as exc:  # noqa: BLE001 - figures are secondary; the runs are already logged
+        echo(f"WARNING: could not draw the report figures ({type(exc).__name__}: {exc}); the runs are complete")

@@ -66,7 +66,9 @@ class SweepTracker:
         found = self.client.get_experiment_by_name(name)
         if found is not None:
             return str(found.experiment_id)
-        return str(self.client.create_experiment(name, artifact_location=_artifact_location(self.uri, name)))
+        # The experiment kind makes MLflow 3's UI open the training-runs view, not the GenAI one.
+        return str(self.client.create_experiment(name, artifact_location=_artifact_location(self.uri, name),
+                                                 tags={"mlflow.experimentKind": "custom_model_development"}))
 
     def start_sweep(self, name: str, description: str, spec_text: str, tags: dict[str, str]) -> str:
         all_tags = {**_versions(), **tags, "sweep.name": name}

@@ -46,6 +46,39 @@ def ray_cluster() -> Iterator[None]:
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
+SMALL_SWEEP = """\
+name: test-sweep
+description: two precisions, one unsupported on CPU
+trainable: {{name: mlp-tabular, params: {{num_train_rows: 2048}}}}
+space:
+  batch_size: {{type: categorical, choices: [32, 64]}}
+  precision: {{type: categorical, choices: ["32", "tf32"]}}
+  lr: {{type: float, low: 1.0e-3, high: 1.0e-2, log: true}}
+  num_dataloader_workers: 0
+  pin_memory: false
+budget: {{num_trials: 3, num_steps: 30, num_warmup_steps: 3, report_interval_s: 0.01}}
+scaling: {{num_workers: 2, cpus_per_worker: 1}}
+telemetry: {{period_s: 0.05}}
+tracking: {{uri: "sqlite:///{db}", experiment: test-exp}}
+storage_path: {storage}
+seed: 3
+"""
+
+
+@pytest.fixture(scope="session")
+def small_sweep(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    """One real 3-trial sweep (Tuner + OptunaSearch + TorchTrainer per trial + MLflow store),
+    shared by the tests that read its results; returns (outcome, tracking uri, progress lines)."""
+    from sweeps.runner import run_sweep
+    from sweeps.spec import parse_spec
+
+    tmp = tmp_path_factory.mktemp("small-sweep")
+    text = SMALL_SWEEP.format(db=tmp / "mlflow.db", storage=tmp / "results")
+    lines: list[str] = []
+    outcome = run_sweep(parse_spec(text), text, echo=lines.append)
+    return outcome, f"sqlite:///{tmp / 'mlflow.db'}", lines
+
+
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Generated datasets are cached once per session."""

@@ -13,36 +13,18 @@ from sweeps.spec import parse_spec
 
 pytestmark = pytest.mark.ray
 
-SPEC = """\
-name: test-sweep
-description: two precisions, one unsupported on CPU
-trainable: {{name: mlp-tabular, params: {{num_train_rows: 2048}}}}
-space:
-  batch_size: {{type: categorical, choices: [32, 64]}}
-  precision: {{type: categorical, choices: ["32", "tf32"]}}
-  lr: {{type: float, low: 1.0e-3, high: 1.0e-2, log: true}}
-  num_dataloader_workers: 0
-  pin_memory: false
-budget: {{num_trials: 3, num_steps: 30, num_warmup_steps: 3}}
-scaling: {{num_workers: 2, cpus_per_worker: 1}}
-tracking: {{uri: "sqlite:///{db}", experiment: test-exp}}
-storage_path: {storage}
-seed: 3
-"""
 PARAMS = {"batch_size", "precision", "lr", "num_dataloader_workers", "pin_memory", "num_workers", "global_batch_size"}
 
 
-def test_sweep_logs_parent_and_child_runs(ray_cluster: None, tmp_path: Path) -> None:
-    text = SPEC.format(db=tmp_path / "mlflow.db", storage=tmp_path / "results")
-    lines: list[str] = []
-    outcome = run_sweep(parse_spec(text), text, echo=lines.append)
+def test_sweep_logs_parent_and_child_runs(small_sweep: tuple) -> None:
+    outcome, uri, lines = small_sweep
 
     statuses = sorted(t.status for t in outcome.trials)
     assert statuses == ["ok", "ok", "unsupported"], [(t.params["precision"], t.status, t.reason) for t in outcome.trials]
     assert outcome.best is not None and outcome.best.params["precision"] == "32"
     assert any("[trial 3/3]" in line and "done 3/3" in line for line in lines)
 
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(uri)
     exp = client.get_experiment_by_name("test-exp")
     runs = client.search_runs([exp.experiment_id])
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
@@ -51,7 +33,7 @@ def test_sweep_logs_parent_and_child_runs(ray_cluster: None, tmp_path: Path) -> 
     assert parent.data.tags["mlflow.note.content"].startswith("two precisions")
     assert parent.data.tags["sweep.version.ray"].startswith("2.60")
     assert parent.data.tags["sweep.best_run_id"] == outcome.best.run_id
-    assert "spec.yaml" in [a.path for a in client.list_artifacts(parent.info.run_id)]
+    assert {"spec.yaml", "report"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
 
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert len(children) == 3
@@ -74,6 +56,8 @@ def test_sweep_logs_parent_and_child_runs(ray_cluster: None, tmp_path: Path) -> 
             assert not any(k.startswith("gpu/") for k in child.data.metrics)
             assert child.data.tags["sweep.verdict"] in ("input-bound", "compute-bound", "unclear")
             assert child.data.tags["sweep.verdict_reason"]
+            # interim reports make step-indexed time series
+            assert len(client.get_metric_history(child.info.run_id, "cpu/worker_util_mean_pct")) >= 2
 
 
 @pytest.mark.parametrize(

@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rank = dist.get_rank() if world > 1 else 0
         train(cfg, JsonlReporter(cfg.metrics_path, rank), device)
+        if world > 1:
+            dist.barrier()  # no rank tears the group down while a peer is still in a collective
     finally:
         if world > 1:
             dist.destroy_process_group()
