@@ -89,7 +89,7 @@ def test_mlflow_ui_lists_parent_with_children_in_chromium(small_sweep: tuple, tm
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=[
                 "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}"])
+                "--disable-component-update", "--disable-sync"])
             page = browser.new_page(viewport={"width": 1400, "height": 900})
             page.goto(f"http://127.0.0.1:{port}/#/experiments/{exp_id}/runs", wait_until="load", timeout=90_000)
             page.get_by_text("test-sweep", exact=True).first.wait_for(timeout=90_000)
