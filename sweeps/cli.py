@@ -29,9 +29,13 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     from sweeps.report import best_fragment, trials_table
     from sweeps.runner import run_sweep
-    from sweeps.tracking import ui_hint
+    from sweeps.tracking import TrackingUnavailable, ui_hint
 
-    outcome = run_sweep(spec, text)
+    try:
+        outcome = run_sweep(spec, text)
+    except TrackingUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
     print(f"\nSweep {spec.name} finished in {outcome.elapsed_s:.0f}s: "
           f"{len(outcome.ranked())}/{len(outcome.trials)} trials ok (objective: {spec.objective.mode} {spec.objective.metric})\n")
     print(trials_table(outcome))

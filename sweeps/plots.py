@@ -37,9 +37,18 @@ def _by_precision(rows: list[TrialRow], x: str, y: str) -> dict[str, list[tuple[
     return {k: sorted(v) for k, v in series.items()}
 
 
-def _scatter_lines(ax: Any, series: dict[str, list[tuple[float, float]]]) -> None:
+def _scatter_lines(ax: Any, series: dict[str, list[tuple[float, float]]], higher_is_better: bool) -> None:
+    """Every trial as a point; a line through the best trial at each x, per precision."""
     for name, pts in sorted(series.items()):
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"precision {name}", alpha=0.8)
+        dots = ax.scatter([p[0] for p in pts], [p[1] for p in pts], alpha=0.5)
+        best: dict[float, float] = {}
+        for x, y in pts:
+            best[x] = max(best.get(x, y), y) if higher_is_better else min(best.get(x, y), y)
+        xs = sorted(best)
+        ax.plot(xs, [best[x] for x in xs], "-o", color=dots.get_facecolor()[0], label=f"precision {name}")
+    xs_all = [p[0] for pts in series.values() for p in pts]
+    if xs_all and min(xs_all) > 0 and max(xs_all) / min(xs_all) >= 4:
+        ax.set_xscale("log", base=2)
     ax.legend()
     ax.grid(alpha=0.3)
 
@@ -60,18 +69,20 @@ def figures(outcome: SweepOutcome, history: Callable[[str, str], list[tuple[int,
     if tput is None:
         return figs, ["all figures: no trial finished with a throughput"]
 
-    for name, x, y, xlabel, ylabel in (
-        ("throughput_vs_batch_size.png", "batch_size", tput, "batch size per worker", tput),
-        ("memory_vs_batch_size.png", "batch_size", _MEMORY, "batch size per worker", "peak reserved GPU memory (GiB)"),
-        ("throughput_vs_loader_workers.png", "num_dataloader_workers", tput, "dataloader workers per rank", tput),
+    for name, x, y, xlabel, ylabel, title in (
+        ("throughput_vs_batch_size.png", "batch_size", tput, "batch size per worker", tput, "throughput vs batch size"),
+        ("memory_vs_batch_size.png", "batch_size", _MEMORY, "batch size per worker", "peak reserved GPU memory (GiB)",
+         "peak GPU memory vs batch size"),
+        ("throughput_vs_loader_workers.png", "num_dataloader_workers", tput, "dataloader workers per rank", tput,
+         "throughput vs dataloader workers"),
     ):
         series = _by_precision(ok, x, y)
         if not series:
             skipped.append(f"{name}: {y} was not measured (no GPU)" if y == _MEMORY else f"{name}: no data")
             continue
         fig, ax = plt.subplots(figsize=(6, 4))
-        _scatter_lines(ax, series)
-        ax.set(xlabel=xlabel, ylabel=ylabel, title=f"{outcome.spec.name}: {ylabel} vs {xlabel}")
+        _scatter_lines(ax, series, higher_is_better=y != _MEMORY)
+        ax.set(xlabel=xlabel, ylabel=ylabel, title=f"{outcome.spec.name}: {title}")
         figs[name] = fig
 
     pts = [(float(t.metrics[tput]), float(t.metrics[_LOSS]), t) for t in ok if _LOSS in t.metrics]
@@ -91,7 +102,10 @@ def figures(outcome: SweepOutcome, history: Callable[[str, str], list[tuple[int,
     key = next((k for k in _UTIL if best is not None and k in best.metrics), None)
     if best is not None and best.run_id and key:
         series_pts = history(best.run_id, key)
-        if series_pts:
+        if len(series_pts) < 3:
+            skipped.append(f"best_trial_utilisation.png: only {len(series_pts)} report(s) in the best trial's window "
+                           "(budget.report_interval_s is longer than the trial); lower it for a timeline")
+        else:
             fig, ax = plt.subplots(figsize=(6, 3))
             ax.plot([s for s, _ in series_pts], [v for _, v in series_pts], "o-")
             ax.set(xlabel="measured step", ylabel=key, title=f"best trial {best.number}: utilisation", ylim=(0, None))

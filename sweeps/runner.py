@@ -21,7 +21,7 @@ from sweeps.failures import TrialFailure, classify, failure_of
 from sweeps.outcome import SweepOutcome, TrialRow
 from sweeps.space import optuna_space, resolve_trial, trial_params
 from sweeps.spec import ScalingSpec, SweepSpec
-from sweeps.tracking import SweepTracker
+from sweeps.tracking import SweepTracker, check_reachable
 from sweeps.verdict import verdict
 from trainables.contract import STEPS, TrialConfig
 
@@ -93,15 +93,16 @@ class _SweepCallback(tune.Callback):
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         params = trial_params(self.spec, resolve_trial(self.spec, dict(trial.config)))
         row = TrialRow(trial.trial_id, len(self.rows) + 1, params)
-        row.run_id = self.tracker.start_trial(trial.trial_id, row.number, params)
         self.rows[trial.trial_id] = row
+        self.tracker.trial_started(trial.trial_id, row.number, params)
+        row.run_id = self.tracker.run_id(trial.trial_id)
         shown = ", ".join(f"{k}={v}" for k, v in trial.config.items())
         self.echo(f"[trial {row.number}/{self.spec.budget.num_trials}] {trial.trial_id} started: {shown}")
 
     def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any) -> None:
         row = self.rows[trial.trial_id]
         row.metrics.update({k: v for k, v in result.items() if "/" in k})
-        self.tracker.log_result(trial.trial_id, result, step=int(result.get(STEPS, iteration)))
+        self.tracker.trial_result(trial.trial_id, result, step=int(result.get(STEPS, iteration)))
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self._finish(trial.trial_id, "ok", "")
@@ -118,7 +119,8 @@ class _SweepCallback(tune.Callback):
             v = verdict(row.metrics, row.params)
             row.verdict = str(v)
             tags = {"sweep.verdict": v.name, "sweep.verdict_reason": v.reason}
-        self.tracker.end_trial(trial_id, ok=status == "ok", kind=status, reason=reason, tags=tags)
+        self.tracker.trial_ended(trial_id, status == "ok", status, reason, tags)
+        row.run_id = row.run_id or self.tracker.run_id(trial_id)
         self.echo(self._progress(row))
 
     def _progress(self, row: TrialRow) -> str:
@@ -186,6 +188,7 @@ def echo_stdout(line: str) -> None:
 
 def run_sweep(spec: SweepSpec, spec_text: str, echo: Callable[[str], None] = echo_stdout) -> SweepOutcome:
     """Run the sweep on the Ray cluster `ray.init()` finds (or a new local one)."""
+    check_reachable(spec.tracking.resolved_uri())  # before Ray starts: a dead store fails in seconds
     started_ray = not ray.is_initialized()
     if started_ray:
         ray.init(runtime_env=_local_runtime_env())
@@ -199,14 +202,14 @@ def run_sweep(spec: SweepSpec, spec_text: str, echo: Callable[[str], None] = ech
 def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None]) -> SweepOutcome:
     t0 = time.monotonic()
     uri = spec.tracking.resolved_uri()
-    tracker = SweepTracker(uri, spec.tracking.experiment or spec.name)
+    storage = str(Path(spec.storage_path).resolve())
+    tracker = SweepTracker(uri, spec.tracking.experiment or spec.name, Path(storage) / spec.name / "mlflow-pending.jsonl")
     resources = {k: str(v) for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU", "memory")}
     parent = tracker.start_sweep(
         spec.name, spec.description, spec_text,
         tags={f"sweep.cluster.{k}": v for k, v in resources.items()} | {"sweep.objective": f"{spec.objective.mode} {spec.objective.metric}"},
     )
     echo(_concurrency_note(spec, ray.cluster_resources()))
-    storage = str(Path(spec.storage_path).resolve())
     echo(f"sweep {spec.name}: {spec.budget.num_trials} trials, objective {spec.objective.mode} "
          f"{spec.objective.metric}; MLflow parent run {parent} at {uri}")
     callback = _SweepCallback(spec, tracker, echo)
@@ -230,8 +233,16 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None]) -> SweepO
         tags = {"sweep.trials_ok": str(len(outcome.ranked())), "sweep.trials_total": str(len(outcome.trials))}
         if best is not None and best.run_id:
             tags["sweep.best_run_id"] = best.run_id
-        tracker.end_sweep(ok, metrics, tags)
-        if outcome.trials:
+        if not tracker.flush():
+            path = tracker.dump_pending()
+            echo(f"WARNING: MLflow stayed unreachable ({tracker.degraded_reason}); {len(tracker.pending)} tracking "
+                 f"calls were not logged and are saved in {path}")
+            tags["sweep.tracking"] = f"degraded: {len(tracker.pending)} calls saved in {path}"
+        try:
+            tracker.end_sweep(ok, metrics, tags)
+        except Exception as exc:  # noqa: BLE001 - the trials are done; say what was not recorded
+            echo(f"WARNING: could not close the MLflow parent run ({type(exc).__name__}: {exc})")
+        if outcome.trials and not tracker.pending:
             _publish_report(outcome, tracker, echo)
     return outcome
 

@@ -6,6 +6,7 @@ to MLflow: `group/name(unit)` keys with finite numeric values; nothing of Tune's
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import platform
@@ -52,15 +53,91 @@ def _artifact_location(uri: str, experiment: str) -> str | None:
     return (db.parent / "mlartifacts" / experiment).as_uri()
 
 
-class SweepTracker:
-    """Parent/child MLflow runs for one sweep. Child runs are keyed by Tune trial id."""
+class TrackingUnavailable(ValueError):
+    """The MLflow tracking store cannot be reached when the sweep starts."""
 
-    def __init__(self, uri: str, experiment: str) -> None:
+
+# Bounded HTTP behaviour for a remote store (MLflow's defaults retry for minutes); a user's own
+# MLFLOW_HTTP_* settings win.
+_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "15", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+                  "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+
+
+def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
+    """Fail fast, before anything runs, when an MLflow server does not answer."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    import requests
+
+    try:
+        requests.get(uri.rstrip("/") + "/health", timeout=timeout_s).raise_for_status()
+    except requests.RequestException as exc:
+        raise TrackingUnavailable(
+            f"MLflow tracking server {uri} is not reachable ({type(exc).__name__}); nothing was run. Start it "
+            "(e.g. `mlflow server --host 127.0.0.1 --port 5000`), fix tracking.uri in the spec, or unset it to "
+            "use the local sqlite:///mlflow.db"
+        ) from None
+
+
+class SweepTracker:
+    """Parent/child MLflow runs for one sweep. Child runs are keyed by Tune trial id.
+
+    Per-trial calls never raise: when the store fails mid-sweep they are buffered, in order, and
+    replayed on the next call that succeeds; what is still pending at the end is written to
+    `pending_path` (and reported), so no result is dropped silently.
+    """
+
+    def __init__(self, uri: str, experiment: str, pending_path: Path | None = None) -> None:
+        for key, value in _HTTP_DEFAULTS.items():
+            os.environ.setdefault(key, value)
+        check_reachable(uri)
         self.uri = uri
         self.client = MlflowClient(tracking_uri=uri)
         self.experiment_id = self._experiment(experiment)
         self.parent_id: str | None = None
         self._children: dict[str, str] = {}
+        self.pending: list[tuple[str, tuple[Any, ...]]] = []
+        self.pending_path = pending_path
+        self.degraded_reason = ""
+
+    def _do(self, method: str, *args: Any) -> None:
+        """Run a per-trial tracking call now, or buffer it (and everything after it) on failure."""
+        self.pending.append((method, args))
+        self.flush()
+
+    def flush(self) -> bool:
+        while self.pending:
+            method, args = self.pending[0]
+            try:
+                getattr(self, method)(*args)
+            except Exception as exc:  # noqa: BLE001 - any store failure: keep the call, retry later
+                if not self.degraded_reason:
+                    logger.warning("MLflow tracking failed (%s); buffering results and retrying", exc)
+                self.degraded_reason = f"{type(exc).__name__}: {exc}"[:300]
+                return False
+            self.pending.pop(0)
+        return True
+
+    def dump_pending(self) -> Path | None:
+        """Write the calls that never reached MLflow to a JSON-lines file; returns its path."""
+        if not self.pending or self.pending_path is None:
+            return None
+        self.pending_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.pending_path, "a") as f:
+            for method, args in self.pending:
+                f.write(json.dumps({"method": method, "args": args}, default=str) + "\n")
+        return self.pending_path
+
+    # The per-trial calls the sweep makes; each is buffered when the store fails.
+    def trial_started(self, trial_id: str, number: int, params: dict[str, Any]) -> None:
+        self._do("start_trial", trial_id, number, params)
+
+    def trial_result(self, trial_id: str, result: dict[str, Any], step: int) -> None:
+        clean = {k: v for k, v in result.items() if is_metric(k, v) or (isinstance(v, str) and METRIC_KEY.match(k))}
+        self._do("log_result", trial_id, clean, step)
+
+    def trial_ended(self, trial_id: str, ok: bool, kind: str, reason: str, tags: dict[str, str]) -> None:
+        self._do("end_trial", trial_id, ok, kind, reason, tags)
 
     def _experiment(self, name: str) -> str:
         found = self.client.get_experiment_by_name(name)
