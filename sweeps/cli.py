@@ -39,6 +39,8 @@ def _run(args: argparse.Namespace) -> int:
     print(f"\nSweep {spec.name} finished in {outcome.elapsed_s:.0f}s: "
           f"{len(outcome.ranked())}/{len(outcome.trials)} trials ok (objective: {spec.objective.mode} {spec.objective.metric})\n")
     print(trials_table(outcome))
+    if outcome.stopped_reason:
+        print(f"\nSTOPPED EARLY: {outcome.stopped_reason}; {spec.budget.num_trials - len(outcome.trials)} trials not run")
     print("\nBest configuration:\n" + best_fragment(outcome))
     from sweeps.report import next_steps
 

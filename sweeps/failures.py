@@ -10,9 +10,12 @@ from collections.abc import Iterator
 
 from trainables.errors import DivergedError, UnsupportedError, WorkloadError
 
-KINDS: tuple[str, ...] = ("unsupported", "oom", "diverged", "config", "crash", "error")
+KINDS: tuple[str, ...] = ("unsupported", "oom", "diverged", "config", "crash", "error")  # crash: transient
 _OOM_NAMES = {"OutOfMemoryError", "MemoryError"}  # torch.OutOfMemoryError, ray's, Python's
-_CRASH_NAMES = {"ActorDiedError", "RayActorError", "WorkerCrashedError", "ActorUnavailableError"}
+# A worker process or its node went away: transient, worth one more attempt elsewhere.
+_CRASH_NAMES = {"ActorDiedError", "RayActorError", "WorkerCrashedError", "ActorUnavailableError", "NodeDiedError",
+                "WorkerHealthCheckFailedError", "WorkerHealthCheckTimeoutError", "ActorPlacementGroupRemoved"}
+TRANSIENT_KINDS = ("crash",)
 
 
 class TrialFailure(RuntimeError):

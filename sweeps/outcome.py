@@ -27,6 +27,7 @@ class SweepOutcome:
     tracking_uri: str
     trials: list[TrialRow]
     elapsed_s: float
+    stopped_reason: str = ""  # set when the circuit breaker stopped the sweep early
 
     def ranked(self) -> list[TrialRow]:
         """Finished trials, best first by the objective; failed ones never rank."""

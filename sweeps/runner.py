@@ -17,7 +17,7 @@ import ray
 from ray import tune
 from ray.tune.search.optuna import OptunaSearch
 
-from sweeps.failures import TrialFailure, classify, failure_of
+from sweeps.failures import TRANSIENT_KINDS, TrialFailure, classify, failure_of
 from sweeps.outcome import SweepOutcome, TrialRow
 from sweeps.space import optuna_space, resolve_trial, trial_params
 from sweeps.spec import ScalingSpec, SweepSpec
@@ -62,13 +62,31 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, storage_path: str) -> Non
     from ray.tune.integration.ray_train import TuneReportCallback
 
     trial_id = tune.get_context().get_trial_id()
-    trainer = make_trainer(resolve_trial(spec, config), spec.scaling, f"{spec.name}-{trial_id}", storage_path,
-                           callbacks=[TuneReportCallback()])
-    try:
-        trainer.fit()
-    except Exception as exc:  # noqa: BLE001 - every failure is classified, then re-raised
-        kind, reason = classify(exc)
-        raise TrialFailure(kind, reason) from None
+    cfg = resolve_trial(spec, config)
+    for attempt in range(spec.budget.max_retries + 1):
+        name = f"{spec.name}-{trial_id}" + (f"-retry{attempt}" if attempt else "")
+        trainer = make_trainer(cfg, spec.scaling, name, storage_path, callbacks=[TuneReportCallback()])
+        try:
+            trainer.fit()
+            return
+        except Exception as exc:  # noqa: BLE001 - every failure is classified; only transient ones retried
+            kind, reason = classify(exc)
+            if kind not in TRANSIENT_KINDS or attempt == spec.budget.max_retries:
+                raise TrialFailure(kind, reason) from None
+            logger.warning("trial %s attempt %d: %s (%s); retrying", trial_id, attempt + 1, kind, reason)
+
+
+class _Breaker(tune.Stopper):
+    """Stops every trial, and starts no new one, once the sweep callback's breaker trips."""
+
+    def __init__(self, callback: _SweepCallback) -> None:
+        self.callback = callback
+
+    def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
+        return False
+
+    def stop_all(self) -> bool:
+        return bool(self.callback.tripped)
 
 
 def _trial_error(trial: Any) -> BaseException | None:
@@ -89,6 +107,8 @@ class _SweepCallback(tune.Callback):
         self.spec, self.tracker, self.echo = spec, tracker, echo
         self.rows: dict[str, TrialRow] = {}
         self.t0 = time.monotonic()
+        self._same_failures: list[tuple[str, str]] = []
+        self.tripped = ""  # why the circuit breaker stopped the sweep
 
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         params = trial_params(self.spec, resolve_trial(self.spec, dict(trial.config)))
@@ -122,6 +142,19 @@ class _SweepCallback(tune.Callback):
         self.tracker.trial_ended(trial_id, status == "ok", status, reason, tags)
         row.run_id = row.run_id or self.tracker.run_id(trial_id)
         self.echo(self._progress(row))
+        self._count_failure(status, reason)
+
+    def _count_failure(self, status: str, reason: str) -> None:
+        """Circuit breaker: the same error N times in a row will not fix itself (e.g. an ImportError)."""
+        limit = self.spec.budget.max_identical_failures
+        failure = (status, reason)
+        if status == "ok" or (self._same_failures and self._same_failures[-1] != failure):
+            self._same_failures = []
+        if status != "ok":
+            self._same_failures.append(failure)
+        if limit and len(self._same_failures) >= limit and not self.tripped:
+            self.tripped = f"{limit} trials in a row failed the same way ({status}: {reason})"
+            self.echo(f"STOPPING the sweep: {self.tripped}. Fix that, then run the sweep again.")
 
     def _progress(self, row: TrialRow) -> str:
         rows = list(self.rows.values())
@@ -220,17 +253,20 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None]) -> SweepO
             num_samples=spec.budget.num_trials,
             max_concurrent_trials=spec.budget.max_concurrent_trials,
         ),
-        run_config=tune.RunConfig(name=spec.name, storage_path=storage, callbacks=[callback], verbose=0),
+        run_config=tune.RunConfig(name=spec.name, storage_path=storage, callbacks=[callback], verbose=0,
+                                  stop=_Breaker(callback)),
     )
     ok = False
     try:
         tuner.fit()
         ok = True
     finally:
-        outcome = SweepOutcome(spec, parent, uri, list(callback.rows.values()), time.monotonic() - t0)
+        outcome = SweepOutcome(spec, parent, uri, list(callback.rows.values()), time.monotonic() - t0, callback.tripped)
         best = outcome.best
         metrics = {spec.objective.metric: float(best.metrics[spec.objective.metric])} if best else {}
         tags = {"sweep.trials_ok": str(len(outcome.ranked())), "sweep.trials_total": str(len(outcome.trials))}
+        if callback.tripped:
+            tags["sweep.stopped"] = callback.tripped[:5000]
         if best is not None and best.run_id:
             tags["sweep.best_run_id"] = best.run_id
         if not tracker.flush():

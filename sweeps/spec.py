@@ -219,6 +219,10 @@ class BudgetSpec(BaseModel):
     num_steps: int = Field(ge=1, description="measured steps per trial, after warm-up")
     num_warmup_steps: int = Field(default=5, ge=0)
     report_interval_s: float = Field(default=10.0, gt=0)
+    max_retries: int = Field(default=1, ge=0, description="re-runs of a trial whose worker or node died "
+                             "(transient); other failures are final")
+    max_identical_failures: int = Field(default=3, ge=0, description="stop the sweep after this many trials "
+                                        "in a row fail with the same error (0: never)")
 
 
 class ScalingSpec(BaseModel):

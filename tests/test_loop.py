@@ -96,3 +96,13 @@ def test_loop_runs_under_plain_torchrun_with_two_ranks(tmp_path: Path) -> None:
     assert final[contract.WORLD_SIZE] == 2
     # summed over ranks: global throughput is twice the per-worker figure
     assert final["throughput/samples_per_s"] == pytest.approx(2 * final["throughput/samples_per_s_per_worker"])
+
+
+def test_divergence_is_detected_and_never_reported_as_a_number(data_dir: Path) -> None:
+    from trainables.errors import DivergedError
+
+    rep = ListReporter()
+    with pytest.raises(DivergedError, match="training loss became (nan|inf)"):
+        train(_cfg(data_dir, workload="mlp-tabular", workload_params={}, lr=1e12, num_steps=40), rep, CPU)
+    assert all(contract.is_metric(k, v) for r in rep.reports for k, v in r.items() if k.startswith("loss/"))
+    assert not contract.is_metric("loss/train", float("nan")) and not contract.is_metric("loss/train", float("inf"))

@@ -78,8 +78,10 @@ def test_mlflow_ui_lists_parent_with_children_in_chromium(small_sweep: tuple, tm
     client = MlflowClient(uri)
     exp_id = client.get_run(outcome.parent_run_id).info.experiment_id
     port = _free_port()
+    # One worker and no job runner: a light server for a 2-core machine.
     server = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri", uri,
-                               "--host", "127.0.0.1", "--port", str(port)],
+                               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                              env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 90

@@ -76,3 +76,17 @@ def test_each_workload_runs_in_a_sweep(ray_cluster: None, tmp_path: Path, data_d
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     child = client.get_run(outcome.trials[0].run_id)
     assert child.data.metrics[f"throughput/{unit}_per_s"] > 0 and child.data.params["workload"] == workload
+
+
+def test_circuit_breaker_stops_repeated_identical_failures(ray_cluster: None, tmp_path: Path) -> None:
+    text = ("name: broken\ntrainable: {name: 'examples.no_such_module:build'}\n"
+            "space: {lr: {type: float, low: 1.0e-3, high: 1.0e-2}}\n"
+            "budget: {num_trials: 6, num_steps: 5, max_identical_failures: 2}\n"
+            f"tracking: {{uri: 'sqlite:///{tmp_path / 'mlflow.db'}'}}\nstorage_path: {tmp_path / 'r'}\n")
+    lines: list[str] = []
+    outcome = run_sweep(parse_spec(text), text, echo=lines.append)
+    assert len(outcome.trials) == 2 and {t.status for t in outcome.trials} == {"config"}
+    assert "cannot import trainable 'examples.no_such_module:build'" in outcome.trials[0].reason
+    assert outcome.stopped_reason.startswith("2 trials in a row failed the same way (config:")
+    assert any(line.startswith("STOPPING the sweep") for line in lines)
+    assert outcome.best is None

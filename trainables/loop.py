@@ -136,8 +136,10 @@ def _flops_metrics(final: dict[str, Any], wl: Workload, cfg: TrialConfig, device
     return out
 
 
-def train(cfg: TrialConfig, reporter: Reporter, device: torch.device) -> dict[str, Any]:
-    """Train `cfg.num_warmup_steps + cfg.num_steps` steps and return the final report."""
+def train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dict[str, str] | None = None) -> dict[str, Any]:
+    """Train `cfg.num_warmup_steps + cfg.num_steps` steps and return the final report.
+
+    `facts` (strings, e.g. the launcher's node id) join rank 0's device facts in the final report."""
     rank, world = _world()
     torch.set_num_threads(cfg.threads_per_worker)
     if device.type == "cuda":
@@ -240,5 +242,6 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device) -> dict[st
             final.update(telemetry.facts)
         if device.type == "cuda":
             final["device/gpu_count"] = str(world)
+        final.update(facts or {})
     reporter.report(final)
     return final

@@ -22,6 +22,7 @@ class RayTrainReporter:
 
 
 def train_worker(config: dict[str, Any]) -> None:
+    import ray
     import ray.train
     import ray.train.torch
 
@@ -30,4 +31,5 @@ def train_worker(config: dict[str, Any]) -> None:
     cfg = TrialConfig.from_dict(config)
     rank = ray.train.get_context().get_world_rank()
     reporter = MultiReporter(RayTrainReporter(), JsonlReporter(cfg.metrics_path, rank)) if cfg.metrics_path else RayTrainReporter()
-    train(cfg, reporter, ray.train.torch.get_device())
+    node = ray.get_runtime_context().get_node_id()
+    train(cfg, reporter, ray.train.torch.get_device(), facts={"device/ray_node_id": node})
