@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 UI_PORT ?= 5000
 
-.PHONY: install install-dev browser demo test lint ui clean
+.PHONY: install install-dev browser demo test lint ui bench clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,3 +47,9 @@ ui: install
 
 clean:
 	rm -rf mlflow.db mlartifacts ray_results .cache
+
+# The CPU benchmark set (about 10 minutes on 2 cores); results append to benchmarks/results.jsonl.
+bench: install
+	cd benchmarks && ../$(PY) data_pipeline.py --rounds 3
+	cd benchmarks && ../$(PY) telemetry_overhead.py --pairs 10
+	cd benchmarks && ../$(PY) precision_ladder.py --rounds 3

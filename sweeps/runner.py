@@ -7,6 +7,7 @@ import logging
 import math
 import os
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -76,17 +77,22 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, storage_path: str) -> Non
             logger.warning("trial %s attempt %d: %s (%s); retrying", trial_id, attempt + 1, kind, reason)
 
 
+# Tripped circuit breakers by sweep token. Tune works on a copy of the RunConfig (and so of the
+# stopper), so the stopper cannot hold a reference to the live callback; both share this instead.
+_TRIPPED: dict[str, str] = {}
+
+
 class _Breaker(tune.Stopper):
     """Stops every trial, and starts no new one, once the sweep callback's breaker trips."""
 
-    def __init__(self, callback: _SweepCallback) -> None:
-        self.callback = callback
+    def __init__(self, token: str) -> None:
+        self.token = token
 
     def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
         return False
 
     def stop_all(self) -> bool:
-        return bool(self.callback.tripped)
+        return self.token in _TRIPPED
 
 
 def _trial_error(trial: Any) -> BaseException | None:
@@ -108,6 +114,7 @@ class _SweepCallback(tune.Callback):
         self.rows: dict[str, TrialRow] = {}
         self.t0 = time.monotonic()
         self._same_failures: list[tuple[str, str]] = []
+        self.token = uuid.uuid4().hex
         self.tripped = ""  # why the circuit breaker stopped the sweep
 
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
@@ -154,6 +161,7 @@ class _SweepCallback(tune.Callback):
             self._same_failures.append(failure)
         if limit and len(self._same_failures) >= limit and not self.tripped:
             self.tripped = f"{limit} trials in a row failed the same way ({status}: {reason})"
+            _TRIPPED[self.token] = self.tripped
             self.echo(f"STOPPING the sweep: {self.tripped}. Fix that, then run the sweep again.")
 
     def _progress(self, row: TrialRow) -> str:
@@ -254,13 +262,14 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None]) -> SweepO
             max_concurrent_trials=spec.budget.max_concurrent_trials,
         ),
         run_config=tune.RunConfig(name=spec.name, storage_path=storage, callbacks=[callback], verbose=0,
-                                  stop=_Breaker(callback)),
+                                  stop=_Breaker(callback.token)),
     )
     ok = False
     try:
         tuner.fit()
         ok = True
     finally:
+        _TRIPPED.pop(callback.token, None)
         outcome = SweepOutcome(spec, parent, uri, list(callback.rows.values()), time.monotonic() - t0, callback.tripped)
         best = outcome.best
         metrics = {spec.objective.metric: float(best.metrics[spec.objective.metric])} if best else {}

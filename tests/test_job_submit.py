@@ -77,6 +77,23 @@ def head(tmp_path: Path, auth_token_path: Path) -> Iterator[dict[str, str]]:
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
+@pytest.fixture
+def mlflow_server(tmp_path: Path) -> Iterator[str]:
+    """A loopback MLflow tracking server this test starts and stops (one worker, no job runner)."""
+    (port,) = _free_ports(1)
+    cmd = [str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+           "--artifacts-destination", str(tmp_path / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+           "--workers", "1"]
+    proc = subprocess.Popen(cmd, env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        _wait_for_port(port, 90)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
 def _client_env(home: Path, token_path: str | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(HOME=str(home), PATH=f"{BIN}{os.pathsep}{env['PATH']}")  # HOME: no ~/.ray token to find
@@ -85,15 +102,14 @@ def _client_env(home: Path, token_path: str | None) -> dict[str, str]:
     return env
 
 
-def test_job_submit_runs_a_sweep_with_token_auth(head: dict[str, str], tmp_path: Path) -> None:
+def test_job_submit_runs_a_sweep_with_token_auth(head: dict[str, str], mlflow_server: str, tmp_path: Path) -> None:
     spec = tmp_path / "job.yaml"
-    db = tmp_path / "mlflow.db"
     spec.write_text(
         "name: job-sweep\n"
         "trainable: {name: mlp-tabular, params: {num_train_rows: 1024}}\n"
         "space: {lr: {type: float, low: 1.0e-3, high: 1.0e-2, log: true}}\n"
         "budget: {num_trials: 2, num_steps: 20, num_warmup_steps: 2}\n"
-        f"tracking: {{uri: 'sqlite:///{db}', experiment: job-exp}}\n"
+        f"tracking: {{uri: '{mlflow_server}', experiment: job-exp}}\n"
         f"storage_path: {tmp_path / 'results'}\n"
     )
     submit = [str(BIN / "ray"), "job", "submit", "--address", head["address"], "--working-dir", str(REPO),
@@ -103,14 +119,14 @@ def test_job_submit_runs_a_sweep_with_token_auth(head: dict[str, str], tmp_path:
     said = refused.stdout + refused.stderr
     assert refused.returncode != 0
     assert "Failed to connect" not in said and ("401" in said or "token" in said.lower()), said[-2000:]
-    assert not db.exists()
+    client = MlflowClient(mlflow_server)
+    assert client.get_experiment_by_name("job-exp") is None  # refused: nothing ran
 
     done = subprocess.run(submit, env=_client_env(tmp_path, head["token_path"]), capture_output=True, text=True, timeout=400)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     assert "succeeded" in out and "Sweep job-sweep finished" in out and "2/2 trials ok" in out
 
-    client = MlflowClient(f"sqlite:///{db}")
     runs = client.search_runs([client.get_experiment_by_name("job-exp").experiment_id])
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     assert len(runs) == 3 and len(children) == 2
