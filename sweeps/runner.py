@@ -150,6 +150,12 @@ class _SweepCallback(tune.Callback):
         row.run_id = row.run_id or self.tracker.run_id(trial_id)
         self.echo(self._progress(row))
         self._count_failure(status, reason)
+        if status == "oom":
+            knobs = {**self.spec.space.fixed(), **row.params}
+            bounds = _OOM_BOUNDS.setdefault(self.token, {})
+            key = _oom_key(knobs)
+            bounds[key] = min(bounds.get(key, int(knobs["batch_size"])), int(knobs["batch_size"]))
+            self.echo(f"out of memory at batch_size={knobs['batch_size']} ({key[0]}): no larger batch will be tried")
 
     def _count_failure(self, status: str, reason: str) -> None:
         """Circuit breaker: the same error N times in a row will not fix itself (e.g. an ImportError)."""
@@ -200,17 +206,55 @@ def _concurrency_note(spec: SweepSpec, resources: dict[str, float]) -> str:
     return note
 
 
-def _searcher(spec: SweepSpec) -> OptunaSearch | None:
+# Smallest batch size that ran out of memory, per sweep token and (precision, compile).
+_OOM_BOUNDS: dict[str, dict[tuple[str, bool], int]] = {}
+_MAX_SKIPS = 25
+
+
+def _oom_key(knobs: dict[str, Any]) -> tuple[str, bool]:
+    return str(knobs["precision"]), bool(knobs["compile"])
+
+
+class _OomAwareSearch(OptunaSearch):
+    """OptunaSearch that never proposes a batch size at or above one that ran out of memory
+    for the same precision (monotone skipping): such proposals are told to Optuna as failed
+    and it is asked again; when nothing feasible is left, the search ends."""
+
+    def __init__(self, *args: Any, token: str, fixed: dict[str, Any], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._token = token
+        self._fixed = fixed
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:  # type: ignore[override]  # FINISHED is a str
+        for _ in range(_MAX_SKIPS):
+            config = super().suggest(trial_id)
+            if not isinstance(config, dict):
+                return config
+            knobs = {**self._fixed, **config}
+            bound = _OOM_BOUNDS.get(self._token, {}).get(_oom_key(knobs))
+            if bound is None or int(knobs["batch_size"]) < bound:
+                return config
+            logger.info("skipping batch_size=%s (precision %s): batch %d already ran out of memory",
+                        knobs["batch_size"], knobs["precision"], bound)
+            assert self._ot_study is not None, "suggest() returned a config, so the study exists"
+            self._ot_study.tell(self._ot_trials.pop(trial_id), state=optuna.trial.TrialState.FAIL)
+        logger.warning("every proposal is at or above a batch size that ran out of memory; ending the search")
+        return self.FINISHED
+
+
+def _searcher(spec: SweepSpec, token: str) -> OptunaSearch | None:
     """Seeded TPE over the searched knobs; None (Tune's plain repeats) when all are fixed."""
     if not spec.space.searched():
         return None
     sampler = optuna.samplers.TPESampler(seed=spec.seed)
-    return OptunaSearch(
+    return _OomAwareSearch(
         space=optuna_space(spec),
         metric=spec.objective.metric,
         mode=spec.objective.mode,
         sampler=sampler,
         seed=spec.seed,
+        token=token,
+        fixed=spec.space.fixed(),
     )
 
 
@@ -257,7 +301,7 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None]) -> SweepO
     tuner = tune.Tuner(
         tune.with_resources(tune.with_parameters(run_trial, spec=spec, storage_path=f"{storage}/{spec.name}/trials"), _DRIVER_RESOURCES),
         tune_config=tune.TuneConfig(
-            search_alg=_searcher(spec),
+            search_alg=_searcher(spec, callback.token),
             num_samples=spec.budget.num_trials,
             max_concurrent_trials=spec.budget.max_concurrent_trials,
         ),
@@ -270,6 +314,7 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None]) -> SweepO
         ok = True
     finally:
         _TRIPPED.pop(callback.token, None)
+        _OOM_BOUNDS.pop(callback.token, None)
         outcome = SweepOutcome(spec, parent, uri, list(callback.rows.values()), time.monotonic() - t0, callback.tripped)
         best = outcome.best
         metrics = {spec.objective.metric: float(best.metrics[spec.objective.metric])} if best else {}

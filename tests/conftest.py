@@ -38,7 +38,9 @@ def ray_cluster() -> Iterator[None]:
     import ray
 
     temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths are length-limited
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, object_store_memory=200 * 1024**2)
+    # Workers can import test-only trainables (tests.faulty) from the repo, as a job's working dir would.
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, object_store_memory=200 * 1024**2,
+             runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
     try:
         yield
     finally:

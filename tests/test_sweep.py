@@ -90,3 +90,21 @@ def test_circuit_breaker_stops_repeated_identical_failures(ray_cluster: None, tm
     assert outcome.stopped_reason.startswith("2 trials in a row failed the same way (config:")
     assert any(line.startswith("STOPPING the sweep") for line in lines)
     assert outcome.best is None
+
+
+def test_oom_trials_are_classified_and_larger_batches_skipped(ray_cluster: None, tmp_path: Path) -> None:
+    text = ("name: oom\ntrainable: {name: 'tests.faulty:oom_above_32'}\n"
+            "space: {batch_size: {type: categorical, choices: [16, 32, 64, 128]}, "
+            "lr: {type: float, low: 1.0e-3, high: 1.0e-2, log: true}}\n"
+            "budget: {num_trials: 4, num_steps: 5, num_warmup_steps: 1, max_identical_failures: 0}\n"
+            f"tracking: {{uri: 'sqlite:///{tmp_path / 'mlflow.db'}'}}\nstorage_path: {tmp_path / 'r'}\nseed: 1\n")
+    lines: list[str] = []
+    outcome = run_sweep(parse_spec(text), text, echo=lines.append)
+    trials = sorted(outcome.trials, key=lambda t: t.number)
+    assert all((t.status == "oom") == (t.params["batch_size"] > 32) for t in trials), [(t.params["batch_size"], t.status) for t in trials]
+    first_oom = next(i for i, t in enumerate(trials) if t.status == "oom")
+    bound = trials[first_oom].params["batch_size"]
+    assert all(t.params["batch_size"] < bound for t in trials[first_oom + 1:])  # monotone: nothing larger after
+    assert "CUDA out of memory" in trials[first_oom].reason and "rank" in trials[first_oom].reason
+    assert outcome.best is not None and outcome.best.params["batch_size"] <= 32  # an OOM trial is never best
+    assert any(f"out of memory at batch_size={bound}" in line for line in lines)
