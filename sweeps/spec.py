@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from trainables import registry
-from trainables.contract import KNOWN_METRICS, PRECISIONS
+from trainables.contract import KNOWN_METRICS, PRECISIONS, throughput_key
 from trainables.errors import WorkloadError
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -260,27 +260,39 @@ class SweepSpec(BaseModel):
     name: str
     description: str = ""
     trainable: TrainableSpec
-    space: SpaceSpec = SpaceSpec()
-    objective: ObjectiveSpec = ObjectiveSpec()
+    # default_factory: pydantic shares a default model instance between specs
+    space: SpaceSpec = Field(default_factory=SpaceSpec)
+    objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
     budget: BudgetSpec
-    scaling: ScalingSpec = ScalingSpec()
-    tracking: TrackingSpec = TrackingSpec()
-    telemetry: TelemetrySpec = TelemetrySpec()
+    scaling: ScalingSpec = Field(default_factory=ScalingSpec)
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+    telemetry: TelemetrySpec = Field(default_factory=TelemetrySpec)
     storage_path: str = "ray_results"
     data_dir: str = ".cache/datasets"
     seed: int = 0
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_objective(cls, data: Any) -> Any:
+        """Without an objective metric, optimise the workload's own throughput unit."""
+        if not isinstance(data, dict):
+            return data
+        trainable, objective = data.get("trainable"), data.get("objective") or {}
+        name = trainable.get("name") if isinstance(trainable, dict) else None
+        if not isinstance(name, str) or not isinstance(objective, dict) or "metric" in objective:
+            return data
+        unit = registry.unit(name) if name in registry.names() else None
+        return {**data, "objective": {**objective, "metric": throughput_key(unit)}} if unit else data
+
     @model_validator(mode="after")
     def _objective_unit(self) -> SweepSpec:
-        """Default the objective to the workload's throughput unit; refuse the wrong unit."""
+        """Refuse a throughput objective in the other unit than the workload reports."""
         unit = registry.unit(self.trainable.name)
         metric = self.objective.metric
         if unit is None or not metric.startswith("throughput/"):
             return self
         wanted = metric.replace("samples", unit) if unit != "samples" else metric.replace("tokens", unit)
-        if "metric" not in self.objective.model_fields_set:
-            object.__setattr__(self.objective, "metric", wanted)
-        elif wanted != metric:
+        if wanted != metric:
             raise ValueError(f"objective.metric: {self.trainable.name} reports {wanted}, not {metric}; use that")
         return self
 

@@ -92,6 +92,9 @@ def test_cli_validate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 def test_objective_follows_the_workload_unit() -> None:
     gpt = BASE.replace("mlp-tabular", "gpt-lm")
     assert parse_spec(gpt).objective.metric == "throughput/tokens_per_s"
+    # the default of one spec never leaks into the next (pydantic shares default instances)
+    assert parse_spec(BASE).objective.metric == "throughput/samples_per_s"
+    assert parse_spec(BASE.replace("mlp-tabular", "'pkg.mod:fn'")).objective.metric == "throughput/samples_per_s"
     with pytest.raises(SpecError, match=r"gpt-lm reports throughput/tokens_per_s, not throughput/samples_per_s"):
         parse_spec(gpt + "objective: {metric: throughput/samples_per_s}\n")
     assert parse_spec(BASE + "space: {compile: {type: categorical, choices: [false, true]}}\n").space.searched()
