@@ -132,7 +132,11 @@ class _SweepCallback(tune.Callback):
         self.tracker.trial_result(trial.trial_id, result, step=int(result.get(STEPS, iteration)))
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-        self._finish(trial.trial_id, "ok", "")
+        if self.spec.objective.metric in self.rows[trial.trial_id].metrics:
+            self._finish(trial.trial_id, "ok", "")
+        else:  # ended (e.g. stopped by the circuit breaker) before reporting its result
+            why = f"stopped early: {self.tripped}" if self.tripped else "ended without reporting the objective"
+            self._finish(trial.trial_id, "stopped", why)
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         kind, reason = failure_of(_trial_error(trial))

@@ -85,7 +85,9 @@ def test_circuit_breaker_stops_repeated_identical_failures(ray_cluster: None, tm
             f"tracking: {{uri: 'sqlite:///{tmp_path / 'mlflow.db'}'}}\nstorage_path: {tmp_path / 'r'}\n")
     lines: list[str] = []
     outcome = run_sweep(parse_spec(text), text, echo=lines.append)
-    assert len(outcome.trials) == 2 and {t.status for t in outcome.trials} == {"config"}
+    # The breaker trips on the 2nd failure; a 3rd trial Tune had already started is stopped or fails alike.
+    assert 2 <= len(outcome.trials) <= 3 and [t.status for t in outcome.trials[:2]] == ["config", "config"]
+    assert all(t.status in ("config", "stopped") for t in outcome.trials)
     assert "cannot import trainable 'examples.no_such_module:build'" in outcome.trials[0].reason
     assert outcome.stopped_reason.startswith("2 trials in a row failed the same way (config:")
     assert any(line.startswith("STOPPING the sweep") for line in lines)
