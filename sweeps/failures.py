@@ -6,6 +6,7 @@ Kinds: ``unsupported`` (hardware cannot run the config), ``oom`` (device or host
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 from trainables.errors import DivergedError, UnsupportedError, WorkloadError
@@ -65,6 +66,15 @@ def classify(exc: BaseException) -> tuple[str, str]:
     rank, e = leaves[-1] if len(leaves) > 1 and leaves[0][0] is not None else leaves[0]
     where = f"rank {rank}: " if rank is not None else ""
     return "error", f"{where}{type(e).__name__}: {_first_line(e)}"
+
+
+_RANK_PREFIX = re.compile(r"^rank \d+: ")
+
+
+def signature(kind: str, reason: str) -> tuple[str, str]:
+    """What makes two failures "the same" for the circuit breaker: the kind and the error,
+    not which rank happened to report it first."""
+    return kind, _RANK_PREFIX.sub("", reason)
 
 
 def failure_of(error: BaseException | None) -> tuple[str, str]:

@@ -18,7 +18,7 @@ import ray
 from ray import tune
 from ray.tune.search.optuna import OptunaSearch
 
-from sweeps.failures import TRANSIENT_KINDS, TrialFailure, classify, failure_of
+from sweeps.failures import TRANSIENT_KINDS, TrialFailure, classify, failure_of, signature
 from sweeps.outcome import SweepOutcome, TrialRow
 from sweeps.space import optuna_space, resolve_trial, trial_params
 from sweeps.spec import ScalingSpec, SweepSpec
@@ -164,7 +164,7 @@ class _SweepCallback(tune.Callback):
     def _count_failure(self, status: str, reason: str) -> None:
         """Circuit breaker: the same error N times in a row will not fix itself (e.g. an ImportError)."""
         limit = self.spec.budget.max_identical_failures
-        failure = (status, reason)
+        failure = signature(status, reason)
         if status == "ok" or (self._same_failures and self._same_failures[-1] != failure):
             self._same_failures = []
         if status != "ok":

@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from sweeps.failures import TrialFailure, classify, failure_of
+from sweeps.failures import TrialFailure, classify, failure_of, signature
 from trainables.errors import DivergedError, UnsupportedError
 
 
@@ -51,3 +51,11 @@ def test_trial_failure_survives_pickling_and_is_found_in_a_chain() -> None:
     except RuntimeError as outer:
         assert failure_of(outer) == ("unsupported", "rank 0: tf32")
     assert failure_of(None)[0] == "error"
+
+
+def test_same_error_on_another_rank_is_the_same_failure_for_the_breaker() -> None:
+    # Which rank's error Ray Train collects first varies with timing (seen on a slower CI machine).
+    a = classify(FakeWorkerGroupError({0: ImportError("no module x")}))
+    b = classify(FakeWorkerGroupError({1: ImportError("no module x")}))
+    assert a != b and signature(*a) == signature(*b)
+    assert signature(*a) != signature(*classify(FakeWorkerGroupError({0: ImportError("no module y")})))
