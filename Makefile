@@ -24,7 +24,7 @@ install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
 demo: install
-	$(PY) -m sweeps run examples/demo.yaml
+	$(PY) -m sweeps run --restart examples/demo.yaml
 
 # Debian's Chromium for the MLflow-UI browser test (Playwright drives it; nothing is downloaded
 # by the test tool itself). Needs root or sudo; without them the UI test skips with the reason.

@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+from typing import Any
 
 from sweeps.spec import SpecError, load_spec
 
@@ -22,32 +23,46 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    try:
-        spec, text = load_spec(args.spec)
-    except SpecError as exc:
-        print(exc, file=sys.stderr)
-        return 2
-    from sweeps.report import best_fragment, trials_table
-    from sweeps.runner import run_sweep
-    from sweeps.tracking import TrackingUnavailable, ui_hint
+    from sweeps.state import SweepExists, load_for_resume
 
     try:
-        outcome = run_sweep(spec, text)
+        if args.command == "resume":
+            spec, text = load_for_resume(args.storage_path, args.name)
+        else:
+            spec, text = load_spec(args.spec)
+    except (SpecError, SweepExists) as exc:
+        print(f"error: {exc}" if isinstance(exc, SweepExists) else exc, file=sys.stderr)
+        return 2
+    from sweeps.runner import run_sweep
+    from sweeps.tracking import TrackingUnavailable
+
+    try:
+        outcome = run_sweep(spec, text, restart=getattr(args, "restart", False))
     except TrackingUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3
-    print(f"\nSweep {spec.name} finished in {outcome.elapsed_s:.0f}s: "
-          f"{len(outcome.ranked())}/{len(outcome.trials)} trials ok (objective: {spec.objective.mode} {spec.objective.metric})\n")
+    except SweepExists as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    _print_outcome(outcome, f"\nSweep {spec.name} finished in {outcome.elapsed_s:.0f}s")
+    return 0 if outcome.best is not None else 1
+
+
+def _print_outcome(outcome: Any, title: str) -> None:
+    from sweeps.report import best_fragment, next_steps, pareto_table, trials_table
+    from sweeps.tracking import ui_hint
+
+    spec = outcome.spec
+    print(f"{title}: {len(outcome.ranked())}/{len(outcome.trials)} trials ok (objective: {spec.objective.describe()})\n")
     print(trials_table(outcome))
     if outcome.stopped_reason:
         print(f"\nSTOPPED EARLY: {outcome.stopped_reason}; {spec.budget.num_trials - len(outcome.trials)} trials not run")
-    print("\nBest configuration:\n" + best_fragment(outcome))
-    from sweeps.report import next_steps
-
+    if spec.objective.multi:
+        print("\n" + pareto_table(outcome))
+    print(f"\nBest configuration{' by ' + spec.objective.primary if spec.objective.multi else ''}:\n" + best_fragment(outcome))
     print("\nNext: " + next_steps(outcome))
     print(f"\nMLflow: parent run {outcome.parent_run_id} in {outcome.tracking_uri}")
     print(f"Open the UI: {ui_hint(outcome.tracking_uri)}")
-    return 0 if outcome.best is not None else 1
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -56,7 +71,7 @@ def _report(args: argparse.Namespace) -> int:
 
     from mlflow.tracking import MlflowClient
 
-    from sweeps.report import best_fragment, load_outcome, next_steps, to_json, trials_table
+    from sweeps.report import load_outcome, to_json
 
     client = MlflowClient(args.tracking_uri)
     try:
@@ -71,13 +86,9 @@ def _report(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(to_json(outcome), indent=2, default=str))
         return 0
-    print(f"Sweep {outcome.spec.name} (parent run {outcome.parent_run_id}): {len(outcome.ranked())}/"
-          f"{len(outcome.trials)} trials ok, objective {outcome.spec.objective.mode} {outcome.spec.objective.metric}\n")
-    print(trials_table(outcome))
-    print("\nBest configuration:\n" + best_fragment(outcome))
-    print("\nNext: " + next_steps(outcome))
+    _print_outcome(outcome, f"Sweep {outcome.spec.name} (parent run {outcome.parent_run_id})")
     if args.out:
-        print(f"\nFigures and summary.html written to {args.out}")
+        print(f"\nFigures, summary.html and pareto.csv/json written to {args.out}")
     return 0
 
 
@@ -102,6 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=_validate)
     p = sub.add_parser("run", help="run a sweep on the Ray cluster ray.init() finds, or a local one")
     p.add_argument("spec")
+    p.add_argument("--restart", action="store_true",
+                   help="start afresh even if this sweep already ran: its Ray Tune folder is moved aside "
+                        "(by default a sweep of the same name and spec is resumed)")
+    p.set_defaults(func=_run)
+    p = sub.add_parser("resume", help="continue an interrupted sweep: finished trials and MLflow runs are kept")
+    p.add_argument("name", help="the sweep's name (a folder under the storage path)")
+    p.add_argument("--storage-path", default="ray_results", help="the spec's storage_path (default: ray_results)")
     p.set_defaults(func=_run)
     p = sub.add_parser("report", help="a finished (or running) sweep's trials, best config, verdicts, figures")
     p.add_argument("sweep", help="sweep name (latest parent run of that name) or parent run id")

@@ -20,6 +20,17 @@ class TrialRow:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
+def dominates(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
+    """a is at least as good as b everywhere and better somewhere (all objectives maximised)."""
+    return all(x >= y for x, y in zip(a, b, strict=True)) and a != b
+
+
+def pareto_rows(rows: list[TrialRow], metrics: tuple[str, ...], modes: tuple[str, ...]) -> list[TrialRow]:
+    have = [r for r in rows if all(isinstance(r.metrics.get(m), (int, float)) for m in metrics)]
+    score = {id(r): tuple(float(r.metrics[m]) * (1 if mo == "max" else -1) for m, mo in zip(metrics, modes, strict=True)) for r in have}
+    return [r for r in have if not any(dominates(score[id(q)], score[id(r)]) for q in have)]
+
+
 @dataclass
 class SweepOutcome:
     spec: SweepSpec
@@ -30,10 +41,15 @@ class SweepOutcome:
     stopped_reason: str = ""  # set when the circuit breaker stopped the sweep early
 
     def ranked(self) -> list[TrialRow]:
-        """Finished trials, best first by the objective; failed ones never rank."""
-        metric, sign = self.spec.objective.metric, (-1 if self.spec.objective.mode == "max" else 1)
+        """Finished, feasible trials, best first by the (first) objective; failed ones never rank."""
+        metric, sign = self.spec.objective.primary, (-1 if self.spec.objective.primary_mode == "max" else 1)
         ok = [t for t in self.trials if t.status == "ok" and isinstance(t.metrics.get(metric), (int, float))]
         return sorted(ok, key=lambda t: sign * float(t.metrics[metric]))
+
+    def pareto(self) -> list[TrialRow]:
+        """Finished, feasible trials no other such trial beats on every objective, by the first."""
+        obj = self.spec.objective
+        return pareto_rows(self.ranked(), obj.metrics, obj.modes)
 
     @property
     def best(self) -> TrialRow | None:

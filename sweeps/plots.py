@@ -16,17 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sweeps.report import SweepOutcome, TrialRow, best_fragment, trials_table
+from sweeps.outcome import pareto_rows
+from sweeps.report import SweepOutcome, TrialRow, best_fragment, pareto_records, trials_table
 
 _MEMORY = "memory/max_reserved_gib"
 _LOSS = "loss/val"
 _UTIL = ("gpu/util_mean_pct", "cpu/worker_util_mean_pct")
-
-
-def pareto_front(points: list[tuple[float, float, Any]]) -> list[tuple[float, float, Any]]:
-    """Points (throughput up, loss down) that no other point beats on both; by throughput."""
-    front = [p for p in points if not any(q[0] >= p[0] and q[1] <= p[1] and (q[0], q[1]) != (p[0], p[1]) for q in points)]
-    return sorted(front, key=lambda p: p[0])
 
 
 def _by_precision(rows: list[TrialRow], x: str, y: str) -> dict[str, list[tuple[float, float]]]:
@@ -61,7 +56,7 @@ def figures(outcome: SweepOutcome, history: Callable[[str, str], list[tuple[int,
     import matplotlib.pyplot as plt
 
     ok = [t for t in outcome.trials if t.status == "ok"]
-    metric = outcome.spec.objective.metric
+    metric = outcome.spec.objective.primary
     tput = next((k for k in (metric, "throughput/samples_per_s", "throughput/tokens_per_s") if k.startswith("throughput/")
                  and any(k in t.metrics for t in ok)), None)
     figs: dict[str, Any] = {}
@@ -85,18 +80,20 @@ def figures(outcome: SweepOutcome, history: Callable[[str, str], list[tuple[int,
         ax.set(xlabel=xlabel, ylabel=ylabel, title=f"{outcome.spec.name}: {title}")
         figs[name] = fig
 
-    pts = [(float(t.metrics[tput]), float(t.metrics[_LOSS]), t) for t in ok if _LOSS in t.metrics]
+    obj = outcome.spec.objective
+    (x, y), modes = (obj.metrics[:2], obj.modes[:2]) if obj.multi else ((tput, _LOSS), ("max", "min"))
+    pts = [t for t in ok if x in t.metrics and y in t.metrics]
     if pts:
         fig, ax = plt.subplots(figsize=(6, 4))
-        ax.scatter([p[0] for p in pts], [p[1] for p in pts], label="trials", alpha=0.7)
-        front = pareto_front(pts)
-        ax.plot([p[0] for p in front], [p[1] for p in front], "r-o", label="Pareto front")
-        for p in front:
-            ax.annotate(f"{p[2].number}", (p[0], p[1]), textcoords="offset points", xytext=(4, 4))
-        ax.set(xlabel=tput, ylabel=_LOSS, title="validation loss vs throughput")
+        ax.scatter([t.metrics[x] for t in pts], [t.metrics[y] for t in pts], label="trials", alpha=0.7)
+        front = sorted(pareto_rows(pts, (x, y), modes), key=lambda t: t.metrics[x])
+        ax.plot([t.metrics[x] for t in front], [t.metrics[y] for t in front], "r-o", label="Pareto front")
+        for t in front:
+            ax.annotate(f"{t.number}", (t.metrics[x], t.metrics[y]), textcoords="offset points", xytext=(4, 4))
+        ax.set(xlabel=x, ylabel=y, title=f"{y} vs {x}")
         ax.legend()
         ax.grid(alpha=0.3)
-        figs["loss_vs_throughput.png"] = fig
+        figs["pareto_front.png" if obj.multi else "loss_vs_throughput.png"] = fig
 
     best = outcome.best
     key = next((k for k in _UTIL if best is not None and k in best.metrics), None)
@@ -124,12 +121,26 @@ def summary_html(outcome: SweepOutcome, images: dict[str, bytes], skipped: list[
 <style>body{{font-family:sans-serif;margin:2em;max-width:1100px}} pre{{background:#f4f4f4;padding:1em;overflow-x:auto}}
 figure{{display:inline-block;margin:0.5em}} img{{max-width:520px}}</style></head><body>
 <h1>Sweep {html.escape(spec.name)}</h1><p>{html.escape(spec.description)}</p>
-<p>Objective: {html.escape(spec.objective.mode)} <code>{html.escape(spec.objective.metric)}</code>;
+<p>Objective: <code>{html.escape(spec.objective.describe())}</code>;
 {len(outcome.ranked())}/{len(outcome.trials)} trials finished.</p>
 <h2>Trials</h2><pre>{html.escape(trials_table(outcome))}</pre>
 <h2>Best configuration</h2><pre>{html.escape(best_fragment(outcome))}</pre>
 <h2>Figures</h2>{imgs}{f"<h3>Not drawn</h3><ul>{notes}</ul>" if notes else ""}
 </body></html>"""
+
+
+def write_pareto(outcome: SweepOutcome, target: Path) -> None:
+    """pareto.json and pareto.csv: the front of a multi-objective sweep, else the best trial."""
+    import csv
+    import json
+
+    records = pareto_records(outcome)
+    (target / "pareto.json").write_text(json.dumps(records, indent=2, default=str))
+    with open(target / "pareto.csv", "w", newline="") as f:
+        fields = list(records[0]) if records else ["trial"]
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(records)
 
 
 def publish(outcome: SweepOutcome, client: Any, out_dir: Path | None = None, log: bool = True) -> Path:
@@ -149,6 +160,7 @@ def publish(outcome: SweepOutcome, client: Any, out_dir: Path | None = None, log
         plt.close(fig)
         images[name] = (target / name).read_bytes()
     (target / "summary.html").write_text(summary_html(outcome, images, skipped))
+    write_pareto(outcome, target)
     if log:
         client.log_artifacts(outcome.parent_run_id, str(target), "report")
     return target

@@ -8,6 +8,7 @@ from typing import Any
 from sweeps.outcome import SweepOutcome, TrialRow
 from trainables.contract import DATA_WAIT_PCT, LOSS_VAL, STEP_TIME_MS
 
+_MEASURED = ("ok", "infeasible")  # ran to the end: its figures are real (an infeasible one breaks a constraint)
 _COLUMNS = ("batch_size", "precision", "lr", "num_dataloader_workers", "pin_memory")
 _HEAD = {"batch_size": "batch", "precision": "precision", "lr": "lr", "num_dataloader_workers": "loaders", "pin_memory": "pin"}
 
@@ -19,8 +20,10 @@ def _fmt(v: Any) -> str:
 
 
 def trials_table(outcome: SweepOutcome) -> str:
-    metric = outcome.spec.objective.metric
-    extra = [m for m in (LOSS_VAL, STEP_TIME_MS, DATA_WAIT_PCT) if m != metric]
+    obj = outcome.spec.objective
+    metric = obj.primary
+    extra = list(dict.fromkeys(m for m in (*obj.metrics[1:], *(c.metric for c in obj.constraints),
+                                           LOSS_VAL, STEP_TIME_MS, DATA_WAIT_PCT) if m != metric))
     head = ["rank", "trial", "status", *[_HEAD[c] for c in _COLUMNS], metric, *extra]
     ranked = outcome.ranked()
     rest = [t for t in outcome.trials if t not in ranked]
@@ -28,8 +31,8 @@ def trials_table(outcome: SweepOutcome) -> str:
     def row(rank: str, t: TrialRow) -> list[str]:
         status = t.status if t.status == "ok" else f"{t.status}"
         return [rank, f"{t.number}:{t.trial_id}", status, *[_fmt(t.params.get(c)) for c in _COLUMNS],
-                _fmt(t.metrics.get(metric) if t.status == "ok" else None),
-                *[_fmt(t.metrics.get(m) if t.status == "ok" else None) for m in extra]]
+                _fmt(t.metrics.get(metric) if t.status in _MEASURED else None),
+                *[_fmt(t.metrics.get(m) if t.status in _MEASURED else None) for m in extra]]
 
     rows = [row(str(i + 1), t) for i, t in enumerate(ranked)] + [row("-", t) for t in rest]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
@@ -41,6 +44,29 @@ def trials_table(outcome: SweepOutcome) -> str:
         if t.reason:
             lines.append(f"  trial {t.number} {t.status}: {t.reason}")
     return "\n".join(lines)
+
+
+def pareto_table(outcome: SweepOutcome) -> str:
+    """The trade-off a multi-objective sweep found: one line per Pareto-optimal trial."""
+    obj = outcome.spec.objective
+    front = outcome.pareto()
+    if not front:
+        return "no finished trial meets the constraints; no Pareto front"
+    lines = [f"Pareto front ({len(front)} of {len(outcome.ranked())} feasible trials; " + ", ".join(
+        f"{mo} {me}" for me, mo in zip(obj.metrics, obj.modes, strict=True)) + "):"]
+    for t in front:
+        shown = ", ".join(f"{m}={_fmt(t.metrics[m])}" for m in obj.metrics)
+        knobs = ", ".join(f"{c}={_fmt(t.params.get(c))}" for c in _COLUMNS)
+        lines.append(f"  trial {t.number}: {shown} | {knobs}")
+    return "\n".join(lines)
+
+
+def pareto_records(outcome: SweepOutcome) -> list[dict[str, Any]]:
+    """The Pareto front (the best trial for one objective) as flat records for CSV/JSON."""
+    obj = outcome.spec.objective
+    rows = outcome.pareto() if obj.multi else ([outcome.best] if outcome.best else [])
+    return [{"trial": t.number, "trial_id": t.trial_id, "run_id": t.run_id,
+             **{m: t.metrics.get(m) for m in obj.metrics}, **{c: t.params.get(c) for c in _COLUMNS}} for t in rows]
 
 
 def best_fragment(outcome: SweepOutcome) -> str:
@@ -63,6 +89,21 @@ def _typed(value: str) -> Any:
     return value
 
 
+def rows_from_runs(children: list[Any]) -> list[TrialRow]:
+    """Trial rows from a sweep's child runs (the persisted trial -> run mapping is their tag)."""
+    rows = []
+    for child in children:
+        tags = child.data.tags
+        verdict = f"{tags['sweep.verdict']}: {tags.get('sweep.verdict_reason', '')}" if "sweep.verdict" in tags else ""
+        name = child.info.run_name or ""
+        number = int(name.split("-")[1]) if name.startswith("trial-") else 0
+        rows.append(TrialRow(tags.get("sweep.trial_id", child.info.run_id), number,
+                             {k: _typed(v) for k, v in child.data.params.items()}, child.info.run_id,
+                             tags.get("sweep.status", "running"), tags.get("sweep.failure_reason", ""), verdict,
+                             dict(child.data.metrics)))
+    return sorted(rows, key=lambda r: r.number)
+
+
 def load_outcome(client: Any, name_or_run_id: str) -> SweepOutcome:
     """Rebuild a sweep's outcome from MLflow: the latest parent run named so, or that run id."""
     from mlflow.exceptions import MlflowException
@@ -83,15 +124,7 @@ def load_outcome(client: Any, name_or_run_id: str) -> SweepOutcome:
     with open(client.download_artifacts(run_id, "spec.yaml")) as f:
         spec = parse_spec(f.read(), f"spec.yaml of run {run_id}")
     children = client.search_runs([parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{run_id}'")
-    rows = []
-    for child in sorted(children, key=lambda r: r.info.run_name or ""):
-        tags = child.data.tags
-        verdict = f"{tags['sweep.verdict']}: {tags.get('sweep.verdict_reason', '')}" if "sweep.verdict" in tags else ""
-        number = int((child.info.run_name or "trial-0").split("-")[1]) if (child.info.run_name or "").startswith("trial-") else 0
-        rows.append(TrialRow(tags.get("sweep.trial_id", child.info.run_id), number,
-                             {k: _typed(v) for k, v in child.data.params.items()}, child.info.run_id,
-                             tags.get("sweep.status", "running"), tags.get("sweep.failure_reason", ""), verdict,
-                             dict(child.data.metrics)))
+    rows = rows_from_runs(children)
     elapsed = ((parent.info.end_time or parent.info.start_time) - parent.info.start_time) / 1000
     return SweepOutcome(spec, run_id, client.tracking_uri, rows, elapsed)
 
@@ -101,7 +134,9 @@ def to_json(outcome: SweepOutcome) -> dict[str, Any]:
     return {
         "sweep": outcome.spec.name,
         "parent_run_id": outcome.parent_run_id,
-        "objective": {"metric": outcome.spec.objective.metric, "mode": outcome.spec.objective.mode},
+        "objective": {"metric": outcome.spec.objective.metric, "mode": outcome.spec.objective.mode,
+                      "constraints": [str(c) for c in outcome.spec.objective.constraints]},
+        "pareto": pareto_records(outcome),
         "best": None if best is None else {"trial": best.trial_id, "run_id": best.run_id, "params": best.params,
                                              "metrics": best.metrics, "verdict": best.verdict},
         "trials": [{"trial": t.trial_id, "number": t.number, "run_id": t.run_id, "status": t.status, "reason": t.reason,

@@ -13,18 +13,19 @@ from pathlib import Path
 from typing import Any
 
 import cloudpickle
-import optuna
 import ray
 from ray import tune
-from ray.tune.search.optuna import OptunaSearch
 
 from sweeps.failures import TRANSIENT_KINDS, TrialFailure, classify, failure_of, signature
 from sweeps.outcome import SweepOutcome, TrialRow
-from sweeps.space import optuna_space, resolve_trial, trial_params
+from sweeps.report import rows_from_runs
+from sweeps.search import make_scheduler, make_searcher, record_oom, release, shared
+from sweeps.space import resolve_trial, trial_params
 from sweeps.spec import ScalingSpec, SweepSpec
+from sweeps.state import SweepState
 from sweeps.tracking import SweepTracker, check_reachable
 from sweeps.verdict import verdict
-from trainables.contract import STEPS, TrialConfig
+from trainables.contract import FINAL, STEPS, TrialConfig
 
 logger = logging.getLogger(__name__)
 
@@ -77,11 +78,6 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, storage_path: str) -> Non
             logger.warning("trial %s attempt %d: %s (%s); retrying", trial_id, attempt + 1, kind, reason)
 
 
-# Tripped circuit breakers by sweep token. Tune works on a copy of the RunConfig (and so of the
-# stopper), so the stopper cannot hold a reference to the live callback; both share this instead.
-_TRIPPED: dict[str, str] = {}
-
-
 class _Breaker(tune.Stopper):
     """Stops every trial, and starts no new one, once the sweep callback's breaker trips."""
 
@@ -92,7 +88,7 @@ class _Breaker(tune.Stopper):
         return False
 
     def stop_all(self) -> bool:
-        return self.token in _TRIPPED
+        return bool(shared(self.token).tripped)
 
 
 def _trial_error(trial: Any) -> BaseException | None:
@@ -106,21 +102,44 @@ def _trial_error(trial: Any) -> BaseException | None:
     return trial.get_pickled_error()  # type: ignore[no-any-return]
 
 
+# The live callback of each running sweep, by token. Tune pickles its RunConfig into
+# `tuner.pkl`; a callback pickles as its token and unpickles (same process, or a resumed
+# driver that registered a new one) as the live callback, never as a stale copy.
+_LIVE: dict[str, _SweepCallback] = {}
+
+
+def _live_callback(token: str) -> tune.Callback:
+    return _LIVE.get(token) or tune.Callback()  # outside a sweep (e.g. inspecting tuner.pkl): inert
+
+
 class _SweepCallback(tune.Callback):
     """Mirrors Tune's trial lifecycle into MLflow and prints concise progress lines."""
 
-    def __init__(self, spec: SweepSpec, tracker: SweepTracker, echo: Callable[[str], None]) -> None:
-        self.spec, self.tracker, self.echo = spec, tracker, echo
-        self.rows: dict[str, TrialRow] = {}
+    def __init__(self, spec: SweepSpec, tracker: SweepTracker, echo: Callable[[str], None], token: str,
+                 rows: list[TrialRow] | None = None) -> None:
+        self.spec, self.tracker, self.echo, self.token = spec, tracker, echo, token
+        self.rows: dict[str, TrialRow] = {r.trial_id: r for r in rows or []}
         self.t0 = time.monotonic()
         self._same_failures: list[tuple[str, str]] = []
-        self.token = uuid.uuid4().hex
-        self.tripped = ""  # why the circuit breaker stopped the sweep
+        for row in self.rows.values():  # a resumed sweep keeps what it learnt about memory
+            if row.status == "oom":
+                record_oom(token, {**spec.space.fixed(), **row.params})
+        _LIVE[token] = self
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (_live_callback, (self.token,))
+
+    @property
+    def tripped(self) -> str:
+        return shared(self.token).tripped
 
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         params = trial_params(self.spec, resolve_trial(self.spec, dict(trial.config)))
-        row = TrialRow(trial.trial_id, len(self.rows) + 1, params)
-        self.rows[trial.trial_id] = row
+        row = self.rows.get(trial.trial_id)
+        if row is None:
+            row = TrialRow(trial.trial_id, max((r.number for r in self.rows.values()), default=0) + 1, params)
+            self.rows[trial.trial_id] = row
+        row.status, row.reason = "running", ""  # a resumed trial starts over in the same MLflow run
         self.tracker.trial_started(trial.trial_id, row.number, params)
         row.run_id = self.tracker.run_id(trial.trial_id)
         shown = ", ".join(f"{k}={v}" for k, v in trial.config.items())
@@ -132,63 +151,81 @@ class _SweepCallback(tune.Callback):
         self.tracker.trial_result(trial.trial_id, result, step=int(result.get(STEPS, iteration)))
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-        if self.spec.objective.metric in self.rows[trial.trial_id].metrics:
-            self._finish(trial.trial_id, "ok", "")
-        else:  # ended (e.g. stopped by the circuit breaker) before reporting its result
-            why = f"stopped early: {self.tripped}" if self.tripped else "ended without reporting the objective"
-            self._finish(trial.trial_id, "stopped", why)
+        row = self.rows[trial.trial_id]
+        obj = self.spec.objective
+        if row.metrics.get(FINAL) == 1:
+            broken = [f"{c.metric}={row.metrics.get(c.metric)} breaks {c}" for c in obj.constraints
+                      if c.violation(row.metrics.get(c.metric)) > 0]
+            self._finish(trial.trial_id, "infeasible" if broken else "ok", "; ".join(broken))
+        elif self.tripped:
+            self._finish(trial.trial_id, "stopped", f"stopped early: {self.tripped}")
+        elif self._out_of_time():
+            self._finish(trial.trial_id, "stopped", f"the sweep's time budget ({self.spec.budget.time_budget_s:g}s) ran out")
+        elif self.spec.search.early_stopping is not None:
+            steps = row.metrics.get(STEPS)
+            self._finish(trial.trial_id, "pruned", f"stopped by ASHA after {steps} measured steps: "
+                         f"{obj.primary}={row.metrics.get(obj.primary, float('nan')):.4g} was behind the others")
+        else:
+            self._finish(trial.trial_id, "stopped", "ended without its final report")
+
+    def _out_of_time(self) -> bool:
+        limit = self.spec.budget.time_budget_s
+        return limit is not None and time.monotonic() - self.t0 >= limit * 0.95
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         kind, reason = failure_of(_trial_error(trial))
+        shared(self.token).failures[trial.trial_id] = kind  # the searcher learns from it (infeasible or not)
         self._finish(trial.trial_id, kind, reason)
 
     def _finish(self, trial_id: str, status: str, reason: str) -> None:
         row = self.rows[trial_id]
         row.status, row.reason = status, reason
         tags = {}
-        if status == "ok":
+        if status in ("ok", "infeasible"):
             v = verdict(row.metrics, row.params)
             row.verdict = str(v)
             tags = {"sweep.verdict": v.name, "sweep.verdict_reason": v.reason}
-        self.tracker.trial_ended(trial_id, status == "ok", status, reason, tags)
+        self.tracker.trial_ended(trial_id, status in ("ok", "infeasible", "pruned"), status, reason, tags)
         row.run_id = row.run_id or self.tracker.run_id(trial_id)
         self.echo(self._progress(row))
         self._count_failure(status, reason)
         if status == "oom":
             knobs = {**self.spec.space.fixed(), **row.params}
-            bounds = _OOM_BOUNDS.setdefault(self.token, {})
-            key = _oom_key(knobs)
-            bounds[key] = min(bounds.get(key, int(knobs["batch_size"])), int(knobs["batch_size"]))
-            self.echo(f"out of memory at batch_size={knobs['batch_size']} ({key[0]}): no larger batch will be tried")
+            record_oom(self.token, knobs)
+            self.echo(f"out of memory at batch_size={knobs['batch_size']} ({knobs['precision']}): "
+                      "no larger batch will be tried")
 
     def _count_failure(self, status: str, reason: str) -> None:
         """Circuit breaker: the same error N times in a row will not fix itself (e.g. an ImportError)."""
+        if status in ("ok", "infeasible", "pruned", "stopped"):  # ran fine: not a failure
+            self._same_failures = []
+            return
         limit = self.spec.budget.max_identical_failures
         failure = signature(status, reason)
-        if status == "ok" or (self._same_failures and self._same_failures[-1] != failure):
+        if self._same_failures and self._same_failures[-1] != failure:
             self._same_failures = []
-        if status != "ok":
-            self._same_failures.append(failure)
+        self._same_failures.append(failure)
         if limit and len(self._same_failures) >= limit and not self.tripped:
-            self.tripped = f"{limit} trials in a row failed the same way ({status}: {reason})"
-            _TRIPPED[self.token] = self.tripped
+            shared(self.token).tripped = f"{limit} trials in a row failed the same way ({status}: {reason})"
             self.echo(f"STOPPING the sweep: {self.tripped}. Fix that, then run the sweep again.")
 
     def _progress(self, row: TrialRow) -> str:
         rows = list(self.rows.values())
         done = [r for r in rows if r.status != "running"]
-        failed = [r for r in done if r.status != "ok"]
-        metric = self.spec.objective.metric
-        what = (f"{metric}={row.metrics.get(metric, float('nan')):.4g} [{row.verdict.split(':')[0]}]"
-                if row.status == "ok" else f"FAILED ({row.status}: {row.reason})")
+        failed = [r for r in done if r.status not in ("ok", "infeasible", "pruned", "stopped")]
+        metric, mode = self.spec.objective.primary, self.spec.objective.primary_mode
+        if row.status in ("ok", "infeasible"):
+            what = f"{metric}={row.metrics.get(metric, float('nan')):.4g} [{row.verdict.split(':')[0]}]"
+            what += f" INFEASIBLE: {row.reason}" if row.status == "infeasible" else ""
+        else:
+            what = f"{'FAILED' if row in failed else row.status.upper()} ({row.status}: {row.reason})"
         elapsed = time.monotonic() - self.t0
         total = self.spec.budget.num_trials
         eta = elapsed / len(done) * (total - len(done)) if done else math.nan
         ranked = [r for r in done if r.status == "ok" and metric in r.metrics]
         best = ""
         if ranked:
-            pick = max if self.spec.objective.mode == "max" else min
-            b = pick(ranked, key=lambda r: r.metrics[metric])
+            b = (max if mode == "max" else min)(ranked, key=lambda r: r.metrics[metric])
             best = f" | best {metric}={b.metrics[metric]:.4g} (trial {b.number})"
         return (
             f"[trial {row.number}/{total}] {what} | done {len(done)}/{total}, running {len(rows) - len(done)}, "
@@ -210,58 +247,6 @@ def _concurrency_note(spec: SweepSpec, resources: dict[str, float]) -> str:
     return note
 
 
-# Smallest batch size that ran out of memory, per sweep token and (precision, compile).
-_OOM_BOUNDS: dict[str, dict[tuple[str, bool], int]] = {}
-_MAX_SKIPS = 25
-
-
-def _oom_key(knobs: dict[str, Any]) -> tuple[str, bool]:
-    return str(knobs["precision"]), bool(knobs["compile"])
-
-
-class _OomAwareSearch(OptunaSearch):
-    """OptunaSearch that never proposes a batch size at or above one that ran out of memory
-    for the same precision (monotone skipping): such proposals are told to Optuna as failed
-    and it is asked again; when nothing feasible is left, the search ends."""
-
-    def __init__(self, *args: Any, token: str, fixed: dict[str, Any], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._token = token
-        self._fixed = fixed
-
-    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:  # type: ignore[override]  # FINISHED is a str
-        for _ in range(_MAX_SKIPS):
-            config = super().suggest(trial_id)
-            if not isinstance(config, dict):
-                return config
-            knobs = {**self._fixed, **config}
-            bound = _OOM_BOUNDS.get(self._token, {}).get(_oom_key(knobs))
-            if bound is None or int(knobs["batch_size"]) < bound:
-                return config
-            logger.info("skipping batch_size=%s (precision %s): batch %d already ran out of memory",
-                        knobs["batch_size"], knobs["precision"], bound)
-            assert self._ot_study is not None, "suggest() returned a config, so the study exists"
-            self._ot_study.tell(self._ot_trials.pop(trial_id), state=optuna.trial.TrialState.FAIL)
-        logger.warning("every proposal is at or above a batch size that ran out of memory; ending the search")
-        return self.FINISHED
-
-
-def _searcher(spec: SweepSpec, token: str) -> OptunaSearch | None:
-    """Seeded TPE over the searched knobs; None (Tune's plain repeats) when all are fixed."""
-    if not spec.space.searched():
-        return None
-    sampler = optuna.samplers.TPESampler(seed=spec.seed)
-    return _OomAwareSearch(
-        space=optuna_space(spec),
-        metric=spec.objective.metric,
-        mode=spec.objective.mode,
-        sampler=sampler,
-        seed=spec.seed,
-        token=token,
-        fixed=spec.space.fixed(),
-    )
-
-
 def _local_runtime_env() -> dict[str, Any] | None:
     """Outside a Ray job, let workers import user trainables from the current directory, as
     `ray job submit --working-dir .` does inside one."""
@@ -275,56 +260,92 @@ def echo_stdout(line: str) -> None:
     print(line, flush=True)
 
 
-def run_sweep(spec: SweepSpec, spec_text: str, echo: Callable[[str], None] = echo_stdout) -> SweepOutcome:
-    """Run the sweep on the Ray cluster `ray.init()` finds (or a new local one)."""
+def run_sweep(spec: SweepSpec, spec_text: str, echo: Callable[[str], None] = echo_stdout,
+              restart: bool = False) -> SweepOutcome:
+    """Run the sweep on the Ray cluster `ray.init()` finds (or a new local one). A sweep of the
+    same name and spec already in `storage_path` is resumed; another spec under that name is
+    refused (`SweepExists`); `restart` moves the old one aside and starts afresh."""
     check_reachable(spec.tracking.resolved_uri())  # before Ray starts: a dead store fails in seconds
+    state = SweepState.find(spec, spec_text, restart=restart, echo=echo)
     started_ray = not ray.is_initialized()
     if started_ray:
         ray.init(runtime_env=_local_runtime_env())
     try:
-        return _run(spec, spec_text, echo)
+        return _run(spec, spec_text, echo, state)
     finally:
         if started_ray:
             ray.shutdown()
 
 
-def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None]) -> SweepOutcome:
+# Tune saves its experiment state (trials, searcher) every 10 s or more by default; a driver
+# killed in between forgets the trials it started since. Small sweeps' state is tiny: save often.
+_STATE_PERIOD_S = "2"
+
+
+def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: SweepState | None) -> SweepOutcome:
     t0 = time.monotonic()
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", _STATE_PERIOD_S)
+    # Progress reports carry throughput but not validation loss, which only the final report has;
+    # Tune would otherwise refuse the first report of a sweep whose objective is loss/val.
+    os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
     uri = spec.tracking.resolved_uri()
     storage = str(Path(spec.storage_path).resolve())
-    tracker = SweepTracker(uri, spec.tracking.experiment or spec.name, Path(storage) / spec.name / "mlflow-pending.jsonl")
-    resources = {k: str(v) for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU", "memory")}
-    parent = tracker.start_sweep(
-        spec.name, spec.description, spec_text,
-        tags={f"sweep.cluster.{k}": v for k, v in resources.items()} | {"sweep.objective": f"{spec.objective.mode} {spec.objective.metric}"},
-    )
-    echo(_concurrency_note(spec, ray.cluster_resources()))
-    echo(f"sweep {spec.name}: {spec.budget.num_trials} trials, objective {spec.objective.mode} "
-         f"{spec.objective.metric}; MLflow parent run {parent} at {uri}")
-    callback = _SweepCallback(spec, tracker, echo)
-    tuner = tune.Tuner(
-        tune.with_resources(tune.with_parameters(run_trial, spec=spec, storage_path=f"{storage}/{spec.name}/trials"), _DRIVER_RESOURCES),
-        tune_config=tune.TuneConfig(
-            search_alg=_searcher(spec, callback.token),
-            num_samples=spec.budget.num_trials,
-            max_concurrent_trials=spec.budget.max_concurrent_trials,
-        ),
-        run_config=tune.RunConfig(name=spec.name, storage_path=storage, callbacks=[callback], verbose=0,
-                                  stop=_Breaker(callback.token)),
-    )
+    exp_dir = Path(storage) / spec.name
+    tracker = SweepTracker(uri, spec.tracking.experiment or spec.name, exp_dir / "mlflow-pending.jsonl")
+    trainable = tune.with_resources(
+        tune.with_parameters(run_trial, spec=spec, storage_path=f"{storage}/{spec.name}/trials"), _DRIVER_RESOURCES)
+    if state is not None:  # resume: the same parent and child runs, the searcher's state, finished trials
+        token, parent = state.token, state.parent_run_id
+        rows = rows_from_runs(tracker.resume_sweep(parent))
+        callback = _SweepCallback(spec, tracker, echo, token, rows)
+        done = sum(r.status != "running" for r in rows)
+        echo(f"resuming sweep {spec.name} from {exp_dir}: {done} of {spec.budget.num_trials} trials already ended; "
+             f"MLflow parent run {parent}")
+        tuner = tune.Tuner.restore(str(exp_dir), trainable=trainable, resume_unfinished=True, resume_errored=False)
+    else:
+        token = uuid.uuid4().hex
+        resources = {k: str(v) for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU", "memory")}
+        parent = tracker.start_sweep(
+            spec.name, spec.description, spec_text,
+            tags={f"sweep.cluster.{k}": v for k, v in resources.items()} | {"sweep.objective": spec.objective.describe()},
+        )
+        SweepState(spec_text, token, parent, uri).write(exp_dir)
+        echo(_concurrency_note(spec, ray.cluster_resources()))
+        echo(f"sweep {spec.name}: {spec.budget.num_trials} trials, objective {spec.objective.describe()}; "
+             f"MLflow parent run {parent} at {uri}")
+        callback = _SweepCallback(spec, tracker, echo, token)
+        tuner = tune.Tuner(
+            trainable,
+            tune_config=tune.TuneConfig(
+                search_alg=make_searcher(spec, token),
+                scheduler=make_scheduler(spec),
+                num_samples=spec.budget.num_trials,
+                max_concurrent_trials=spec.budget.max_concurrent_trials,
+                time_budget_s=spec.budget.time_budget_s,
+            ),
+            run_config=tune.RunConfig(name=spec.name, storage_path=storage, callbacks=[callback], verbose=0,
+                                      stop=_Breaker(token)),
+        )
     ok = False
     try:
         tuner.fit()
         ok = True
     finally:
-        _TRIPPED.pop(callback.token, None)
-        _OOM_BOUNDS.pop(callback.token, None)
-        outcome = SweepOutcome(spec, parent, uri, list(callback.rows.values()), time.monotonic() - t0, callback.tripped)
+        _LIVE.pop(token, None)
+        tripped = shared(token).tripped
+        release(token)
+        if ok:  # trials Tune never recorded (the driver died between starting one and saving its state)
+            for row in callback.rows.values():
+                if row.status == "running":
+                    row.status, row.reason = "lost", "the sweep driver died before Tune recorded this trial; another ran in its place"
+                    tracker.trial_ended(row.trial_id, False, row.status, row.reason, {})
+        outcome = SweepOutcome(spec, parent, uri, sorted(callback.rows.values(), key=lambda r: r.number),
+                               time.monotonic() - t0, tripped)
         best = outcome.best
-        metrics = {spec.objective.metric: float(best.metrics[spec.objective.metric])} if best else {}
+        metrics = {spec.objective.primary: float(best.metrics[spec.objective.primary])} if best else {}
         tags = {"sweep.trials_ok": str(len(outcome.ranked())), "sweep.trials_total": str(len(outcome.trials))}
-        if callback.tripped:
-            tags["sweep.stopped"] = callback.tripped[:5000]
+        if tripped:
+            tags["sweep.stopped"] = tripped[:5000]
         if best is not None and best.run_id:
             tags["sweep.best_run_id"] = best.run_id
         if not tracker.flush():
@@ -336,6 +357,8 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None]) -> SweepO
             tracker.end_sweep(ok, metrics, tags)
         except Exception as exc:  # noqa: BLE001 - the trials are done; say what was not recorded
             echo(f"WARNING: could not close the MLflow parent run ({type(exc).__name__}: {exc})")
+        if not ok:
+            echo(f"the sweep was interrupted; continue it with: sweeps resume {spec.name} --storage-path {spec.storage_path}")
         if outcome.trials and not tracker.pending:
             _publish_report(outcome, tracker, echo)
     return outcome

@@ -6,6 +6,8 @@ what is allowed. Loading runs no code: `yaml.safe_load` semantics, aliases refus
 
 from __future__ import annotations
 
+import itertools
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -174,6 +176,29 @@ class SpaceSpec(BaseModel):
     def fixed(self) -> dict[str, Scalar]:
         return {k: getattr(self, k).value for k in KNOBS if isinstance(getattr(self, k), FixedParam)}
 
+    def grid_values(self) -> dict[str, list[Scalar]]:
+        """Each searched knob's values for grid search, smallest batch first."""
+        values: dict[str, list[Scalar]] = {}
+        for k, p in self.searched().items():
+            if isinstance(p, CategoricalParam):
+                values[k] = sorted(p.choices) if k == "batch_size" else list(p.choices)  # type: ignore[type-var]
+            elif isinstance(p, IntParam) and not p.log:
+                values[k] = list(range(p.low, p.high + 1, p.step))
+            elif isinstance(p, FloatParam) and p.step is not None:
+                n = int(round((p.high - p.low) / p.step))
+                values[k] = [round(p.low + i * p.step, 12) for i in range(n + 1)]
+            else:
+                raise ValueError(f"search.algorithm: grid needs a finite set of values, but space.{k} is a "
+                                 "continuous or log range; give it choices (type: categorical) or a step")
+        return values
+
+    def grid_points(self) -> list[dict[str, Scalar]]:
+        """Every combination once; batch size varies fastest (ascending), so an out-of-memory
+        batch is met before the larger ones it rules out (the classic precision x batch table)."""
+        values = self.grid_values()
+        order = sorted(values, key=lambda k: (k == "batch_size", list(KNOBS).index(k)))
+        return [dict(zip(order, combo, strict=True)) for combo in itertools.product(*(values[k] for k in order))]
+
 
 # --- the other sections ----------------------------------------------------------------
 
@@ -199,17 +224,130 @@ class TrainableSpec(BaseModel):
         return params
 
 
-class ObjectiveSpec(BaseModel):
+Mode = Literal["max", "min"]
+
+
+def _known_metric(metric: str) -> str:
+    if metric not in KNOWN_METRICS:
+        raise ValueError(f"unknown metric {metric!r}; choose one of {list(KNOWN_METRICS)}")
+    return metric
+
+
+class ConstraintSpec(BaseModel):
+    """A bound a trial must meet to count (e.g. `loss/val` <= 2.5); the search learns where it fails."""
+
     model_config = _STRICT
-    metric: str = "throughput/samples_per_s"
-    mode: Literal["max", "min"] = "max"
+    metric: str
+    max: float | None = Field(default=None, allow_inf_nan=False)
+    min: float | None = Field(default=None, allow_inf_nan=False)
 
     @field_validator("metric")
     @classmethod
     def _known(cls, metric: str) -> str:
-        if metric not in KNOWN_METRICS:
-            raise ValueError(f"unknown metric; choose one of {list(KNOWN_METRICS)}")
+        return _known_metric(metric)
+
+    @model_validator(mode="after")
+    def _bound(self) -> ConstraintSpec:
+        if self.max is None and self.min is None:
+            raise ValueError("give max: and/or min: (e.g. {metric: loss/val, max: 2.5})")
+        if self.max is not None and self.min is not None and self.min > self.max:
+            raise ValueError(f"min ({self.min}) must be <= max ({self.max})")
+        return self
+
+    def violation(self, value: float | None) -> float:
+        """> 0 when violated (by how much), <= 0 when met; a missing or NaN value violates."""
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            return 1.0
+        over = value - self.max if self.max is not None else -math.inf
+        under = self.min - value if self.min is not None else -math.inf
+        return float(max(over, under))
+
+    def __str__(self) -> str:
+        parts = [f"{self.min:g} <=" if self.min is not None else "", self.metric,
+                 f"<= {self.max:g}" if self.max is not None else ""]
+        return " ".join(p for p in parts if p)
+
+
+class ObjectiveSpec(BaseModel):
+    """One metric and mode, or lists of them (multi-objective: the result is a Pareto front)."""
+
+    model_config = _STRICT
+    metric: str | list[str] = "throughput/samples_per_s"
+    mode: Mode | list[Mode] = "max"
+    constraints: list[ConstraintSpec] = Field(default_factory=list)
+
+    @field_validator("metric", mode="before")
+    @classmethod
+    def _known(cls, metric: Any) -> Any:
+        if isinstance(metric, list) and (not metric or len(set(map(str, metric))) != len(metric)):
+            raise ValueError("a list of metrics must hold at least one metric, each once")
+        for m in metric if isinstance(metric, list) else [metric]:
+            if not isinstance(m, str):
+                raise ValueError("a metric name, or a list of them (multi-objective)")
+            _known_metric(m)
         return metric
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _mode(cls, mode: Any) -> Any:
+        if any(m not in ("max", "min") for m in (mode if isinstance(mode, list) else [mode])):
+            raise ValueError("must be max or min (or a list of them, one per metric)")
+        return mode
+
+    @model_validator(mode="after")
+    def _modes(self) -> ObjectiveSpec:
+        if isinstance(self.metric, list) != isinstance(self.mode, list) or (
+            isinstance(self.mode, list) and len(self.mode) != len(self.metric)
+        ):
+            raise ValueError(f"give one mode per metric: {len(self.metrics)} metric(s) need a list of "
+                             f"{len(self.metrics)} mode(s), e.g. mode: {['max'] * len(self.metrics)}"
+                             if isinstance(self.metric, list) else "one metric takes one mode (max or min), not a list")
+        return self
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        return (self.metric,) if isinstance(self.metric, str) else tuple(self.metric)
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        return (self.mode,) if isinstance(self.mode, str) else tuple(self.mode)
+
+    @property
+    def primary(self) -> str:
+        """The metric trials are ranked by (the first one of a multi-objective sweep)."""
+        return self.metrics[0]
+
+    @property
+    def primary_mode(self) -> str:
+        return self.modes[0]
+
+    @property
+    def multi(self) -> bool:
+        return len(self.metrics) > 1
+
+    def feasible(self, metrics: dict[str, Any]) -> bool:
+        return all(c.violation(metrics.get(c.metric)) <= 0 for c in self.constraints)
+
+    def describe(self) -> str:
+        text = ", ".join(f"{mo} {me}" for me, mo in zip(self.metrics, self.modes, strict=True))
+        if self.constraints:
+            text += " subject to " + " and ".join(str(c) for c in self.constraints)
+        return text
+
+
+class EarlyStoppingSpec(BaseModel):
+    """ASHA: at steps grace_steps * reduction_factor**k, keep the best 1/reduction_factor of trials."""
+
+    model_config = _STRICT
+    grace_steps: int = Field(ge=1, description="measured steps every trial runs before it may be stopped")
+    reduction_factor: int = Field(default=3, ge=2)
+
+
+class SearchSpec(BaseModel):
+    model_config = _STRICT
+    algorithm: Literal["tpe", "random", "grid"] = Field(
+        default="tpe", description="tpe: Optuna TPE (constraint-aware); random; grid: every combination once")
+    early_stopping: EarlyStoppingSpec | None = None
 
 
 class BudgetSpec(BaseModel):
@@ -223,6 +361,8 @@ class BudgetSpec(BaseModel):
                              "(transient); other failures are final")
     max_identical_failures: int = Field(default=3, ge=0, description="stop the sweep after this many trials "
                                         "in a row fail with the same error (0: never)")
+    time_budget_s: float | None = Field(default=None, gt=0, description="wall-clock limit for the whole sweep: "
+                                        "no trial starts after it, running ones are stopped")
 
 
 class ScalingSpec(BaseModel):
@@ -263,6 +403,7 @@ class SweepSpec(BaseModel):
     # default_factory: pydantic shares a default model instance between specs
     space: SpaceSpec = Field(default_factory=SpaceSpec)
     objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
+    search: SearchSpec = Field(default_factory=SearchSpec)
     budget: BudgetSpec
     scaling: ScalingSpec = Field(default_factory=ScalingSpec)
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
@@ -288,12 +429,28 @@ class SweepSpec(BaseModel):
     def _objective_unit(self) -> SweepSpec:
         """Refuse a throughput objective in the other unit than the workload reports."""
         unit = registry.unit(self.trainable.name)
-        metric = self.objective.metric
-        if unit is None or not metric.startswith("throughput/"):
-            return self
-        wanted = metric.replace("samples", unit) if unit != "samples" else metric.replace("tokens", unit)
-        if wanted != metric:
-            raise ValueError(f"objective.metric: {self.trainable.name} reports {wanted}, not {metric}; use that")
+        for metric in self.objective.metrics + tuple(c.metric for c in self.objective.constraints):
+            if unit is None or not metric.startswith("throughput/"):
+                continue
+            wanted = metric.replace("samples", unit) if unit != "samples" else metric.replace("tokens", unit)
+            if wanted != metric:
+                raise ValueError(f"objective: {self.trainable.name} reports {wanted}, not {metric}; use that")
+        return self
+
+    @model_validator(mode="after")
+    def _search(self) -> SweepSpec:
+        es = self.search.early_stopping
+        if es is not None and self.objective.multi:
+            raise ValueError("search.early_stopping: ASHA ranks trials by one metric; remove it or use a single objective")
+        if es is not None and es.grace_steps >= self.budget.num_steps:
+            raise ValueError(f"search.early_stopping.grace_steps ({es.grace_steps}) must be below budget.num_steps "
+                             f"({self.budget.num_steps}), or nothing is ever stopped")
+        if self.search.algorithm == "grid":
+            points = self.space.grid_points()  # raises naming a knob that has no finite set of values
+            if len(points) != self.budget.num_trials:
+                sizes = " x ".join(f"{len(v)} {k}" for k, v in self.space.grid_values().items()) or "1"
+                raise ValueError(f"budget.num_trials: the grid has {len(points)} combinations ({sizes}); "
+                                 f"set num_trials: {len(points)}")
         return self
 
     @field_validator("name")
@@ -354,10 +511,16 @@ def _allowed_keys(section: tuple[str, ...]) -> list[str]:
     return sorted(getattr(model, "model_fields", {}))
 
 
+_FIELD_FIRST = re.compile(r"^([a-z_]+(?:\.[a-z_0-9]+)*): (.*)$", re.S)
+
+
 def _problem(err: dict[str, Any], lines: dict[tuple[str, ...], int]) -> SpecProblem:
     loc = tuple(str(p) for p in err["loc"] if str(p) not in _TAGS)
-    line = next((lines[loc[:n]] for n in range(len(loc), -1, -1) if loc[:n] in lines), None)
     msg = err["msg"].removeprefix("Value error, ")
+    named = _FIELD_FIRST.match(msg) if not loc else None
+    if named:  # a whole-spec rule names its field first: point there
+        loc, msg = tuple(named.group(1).split(".")), named.group(2)
+    line = next((lines[loc[:n]] for n in range(len(loc), -1, -1) if loc[:n] in lines), None)
     if err["type"] == "extra_forbidden":
         allowed = _allowed_keys(loc[:-1])
         msg = "unknown key" + (f"; allowed: {', '.join(allowed)}" if allowed else "")

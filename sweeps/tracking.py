@@ -159,8 +159,31 @@ class SweepTracker:
         self.client.log_text(self.parent_id, spec_text, "spec.yaml")
         return self.parent_id
 
+    def resume_sweep(self, parent_id: str) -> list[Any]:
+        """Reattach to a sweep's parent run; returns its child runs (one per trial, by tag)."""
+        parent = self.client.get_run(parent_id)
+        self.parent_id = parent_id
+        self.experiment_id = parent.info.experiment_id
+        resumed = int(parent.data.tags.get("sweep.resumed", "0")) + 1
+        self.client.set_tag(parent_id, "sweep.resumed", str(resumed))
+        self.client.update_run(parent_id, status="RUNNING")
+        children = self.client.search_runs([self.experiment_id], f"tags.`mlflow.parentRunId` = '{parent_id}'",
+                                           max_results=50_000)
+        for child in children:
+            trial_id = child.data.tags.get("sweep.trial_id")
+            if trial_id in self._children:
+                logger.warning("two MLflow runs claim trial %s: %s and %s", trial_id, self._children[trial_id], child.info.run_id)
+            elif trial_id:
+                self._children[trial_id] = child.info.run_id
+        return list(children)
+
     def start_trial(self, trial_id: str, number: int, params: dict[str, Any]) -> str:
         assert self.parent_id is not None, "start_sweep() first"
+        if trial_id in self._children:  # a resumed sweep restarts an unfinished trial: same run, no duplicate
+            run_id = self._children[trial_id]
+            self.client.set_tag(run_id, "sweep.status", "running")
+            self.client.update_run(run_id, status="RUNNING")
+            return run_id
         run = self.client.create_run(
             self.experiment_id,
             run_name=f"trial-{number:03d}-{trial_id}",

@@ -58,6 +58,10 @@ space:
   lr: {{type: float, low: 1.0e-3, high: 1.0e-2, log: true}}
   num_dataloader_workers: 0
   pin_memory: false
+objective:  # two objectives and a bound: the result is a Pareto front of the feasible trials
+  metric: [throughput/samples_per_s, loss/val]
+  mode: [max, min]
+  constraints: [{{metric: loss/val, max: 1000.0}}]
 budget: {{num_trials: 3, num_steps: 30, num_warmup_steps: 3, report_interval_s: 0.01}}
 scaling: {{num_workers: 2, cpus_per_worker: 1}}
 telemetry: {{period_s: 0.05}}

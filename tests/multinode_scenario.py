@@ -69,7 +69,7 @@ def remove_a_node_once_both_train() -> None:
 first, _ = sweep("phase1", 200)
 removed = threading.Event()
 threading.Thread(target=remove_a_node_once_both_train, daemon=True).start()
-second, lines = sweep("phase2", 4000)
+second, lines = sweep("phase2", 1500)  # long enough that both trials train when the node goes
 deadline = time.monotonic() + 60
 while ray.available_resources().get("CPU", 0) < ray.cluster_resources().get("CPU", 0) and time.monotonic() < deadline:
     time.sleep(1)

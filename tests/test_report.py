@@ -19,23 +19,25 @@ from mlflow.tracking import MlflowClient
 from PIL import Image
 
 from sweeps.cli import main
-from sweeps.plots import pareto_front
+from sweeps.outcome import TrialRow, pareto_rows
 
 pytestmark = pytest.mark.ray
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 def test_pareto_front() -> None:
-    pts = [(100.0, 1.0, "a"), (200.0, 2.0, "b"), (150.0, 0.5, "c"), (90.0, 3.0, "d"), (200.0, 2.5, "e")]
-    assert [p[2] for p in pareto_front(pts)] == ["c", "b"]
+    pts = [(100.0, 1.0, "a"), (200.0, 2.0, "b"), (150.0, 0.5, "c"), (90.0, 3.0, "d"), (200.0, 2.5, "e"), (150.0, 0.5, "f")]
+    rows = [TrialRow(n, i, {}, metrics={"t": t, "l": loss}) for i, (t, loss, n) in enumerate(pts)]
+    assert [r.trial_id for r in pareto_rows(rows, ("t", "l"), ("max", "min"))] == ["b", "c", "f"]  # ties both stay
+    assert [r.trial_id for r in pareto_rows(rows, ("t", "l"), ("max", "max"))] == ["e"]
 
 
 def test_figures_and_summary_on_parent_run(small_sweep: tuple, tmp_path: Path) -> None:
     outcome, uri, _ = small_sweep
     client = MlflowClient(uri)
     names = {Path(a.path).name for a in client.list_artifacts(outcome.parent_run_id, "report")}
-    expected = {"throughput_vs_batch_size.png", "throughput_vs_loader_workers.png", "loss_vs_throughput.png",
-                "best_trial_utilisation.png", "summary.html"}
+    expected = {"throughput_vs_batch_size.png", "throughput_vs_loader_workers.png", "pareto_front.png",
+                "best_trial_utilisation.png", "summary.html", "pareto.json", "pareto.csv"}
     assert expected <= names and "memory_vs_batch_size.png" not in names  # GPU memory: not measured here
     local = Path(client.download_artifacts(outcome.parent_run_id, "report", str(tmp_path)))
     for png in sorted(local.glob("*.png")):
@@ -52,10 +54,14 @@ def test_report_cli_text_and_json(small_sweep: tuple, capsys: pytest.CaptureFixt
     assert main(["report", "test-sweep", "--tracking-uri", uri, "--out", str(tmp_path / "r")]) == 0
     out = capsys.readouterr().out
     assert "2/3 trials ok" in out and "unsupported" in out and "Best configuration" in out and "Next: best trial" in out
+    assert "Pareto front (" in out and "loss/val <= 1000" in out
     assert (tmp_path / "r" / "summary.html").exists()
+    front = json.loads((tmp_path / "r" / "pareto.json").read_text())
+    assert front and {r["run_id"] for r in front} <= {t.run_id for t in outcome.ranked()}
+    assert (tmp_path / "r" / "pareto.csv").read_text().startswith("trial,trial_id,run_id,throughput/samples_per_s,loss/val")
     assert main(["report", outcome.parent_run_id, "--tracking-uri", uri, "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["best"]["run_id"] == outcome.best.run_id
+    assert data["best"]["run_id"] == outcome.best.run_id and data["pareto"] == front
     assert sorted(t["status"] for t in data["trials"]) == ["ok", "ok", "unsupported"]
     assert main(["report", "no-such-sweep", "--tracking-uri", uri]) == 2
     assert "no sweep named 'no-such-sweep'" in capsys.readouterr().err

@@ -1,9 +1,17 @@
-"""Monotone skipping in the searcher, without running trials."""
+"""The searcher on its own (no trials run): monotone OOM skipping, infeasibility fed back to
+Optuna as constraints, deferred classification of errored trials, grid mode, multi-objective."""
 
 from __future__ import annotations
 
-from sweeps import runner
+import uuid
+from typing import Any
+
+import optuna
+import pytest
+
+from sweeps.search import SweepSearch, make_scheduler, make_searcher, record_oom, release, shared
 from sweeps.spec import parse_spec
+from trainables.contract import FINAL
 
 SPEC = """\
 name: s
@@ -13,32 +21,135 @@ space:
   precision: {type: categorical, choices: ["32", "bf16-mixed"]}
 budget: {num_trials: 50, num_steps: 5}
 """
+TPUT = "throughput/samples_per_s"
 
 
-def test_no_batch_at_or_above_an_oom_bound_is_proposed() -> None:
-    spec = parse_spec(SPEC)
-    search = runner._searcher(spec, "tok")
+@pytest.fixture
+def token() -> Any:
+    tok = uuid.uuid4().hex
+    yield tok
+    release(tok)
+
+
+def _searcher(text: str, token: str) -> SweepSearch:
+    search = make_searcher(parse_spec(text), token)
     assert search is not None
-    runner._OOM_BOUNDS["tok"] = {("32", False): 64}
-    try:
-        proposals = [search.suggest(f"t{i}") for i in range(30)]
-        for i in range(30):
-            search.on_trial_complete(f"t{i}", {"throughput/samples_per_s": 1.0})
-        assert all(isinstance(p, dict) for p in proposals)
-        fp32 = [p["batch_size"] for p in proposals if p["precision"] == "32"]
-        bf16 = [p["batch_size"] for p in proposals if p["precision"] == "bf16-mixed"]
-        assert fp32 and max(fp32) < 64  # bounded for fp32 ...
-        assert bf16 and max(bf16) >= 64  # ... and only for fp32
-    finally:
-        runner._OOM_BOUNDS.pop("tok", None)
+    return search
 
 
-def test_search_ends_when_nothing_feasible_is_left() -> None:
-    spec = parse_spec(SPEC.replace('["32", "bf16-mixed"]', '["32"]'))
-    search = runner._searcher(spec, "tok2")
-    assert search is not None
-    runner._OOM_BOUNDS["tok2"] = {("32", False): 16}  # even the smallest batch ran out of memory
+def test_no_batch_at_or_above_an_oom_bound_is_proposed(token: str) -> None:
+    search = _searcher(SPEC, token)
+    record_oom(token, {"batch_size": 64, "precision": "32", "compile": False})
+    proposals = [search.suggest(f"t{i}") for i in range(30)]
+    for i in range(30):
+        search.on_trial_complete(f"t{i}", {TPUT: 1.0, FINAL: 1})
+    assert all(isinstance(p, dict) for p in proposals)
+    fp32 = [p["batch_size"] for p in proposals if p["precision"] == "32"]
+    bf16 = [p["batch_size"] for p in proposals if p["precision"] == "bf16-mixed"]
+    assert fp32 and max(fp32) < 64  # bounded for fp32 ...
+    assert bf16 and max(bf16) >= 64  # ... and only for fp32
+    skipped = [t for t in search._ot_study.trials if t.constraints.get("fits", 0) > 0]
+    assert skipped and all(t.state == optuna.trial.TrialState.COMPLETE for t in skipped)  # told, not dropped
+
+
+def test_search_ends_when_nothing_feasible_is_left(token: str) -> None:
+    search = _searcher(SPEC.replace('["32", "bf16-mixed"]', '["32"]'), token)
+    record_oom(token, {"batch_size": 16, "precision": "32", "compile": False})  # even the smallest batch
+    assert search.suggest("t0") == search.FINISHED
+
+
+def test_errored_trials_are_told_once_classified(token: str) -> None:
+    search = _searcher(SPEC, token)
+    for t in ("oom", "crash", "ok"):
+        assert isinstance(search.suggest(t), dict)
+    search.on_trial_complete("oom", error=True)  # Tune tells the searcher before the callback classifies
+    search.on_trial_complete("crash", error=True)
+    search.on_trial_complete("ok", {TPUT: 5.0, FINAL: 1})
+    states = {t.number: t.state for t in search._ot_study.trials}
+    assert states[0] == states[1] == optuna.trial.TrialState.RUNNING  # not yet told
+    shared(token).failures.update({"oom": "oom", "crash": "crash"})
+    search.suggest("next")
+    trials = search._ot_study.trials
+    assert trials[0].state == optuna.trial.TrialState.COMPLETE and trials[0].constraints == {"fits": 1.0}
+    assert trials[1].state == optuna.trial.TrialState.FAIL  # a crash says nothing about the configuration
+    assert trials[2].value == 5.0 and trials[2].constraints == {"fits": 0.0}
+
+
+def test_a_trial_stopped_early_is_pruned_not_complete(token: str) -> None:
+    search = _searcher(SPEC, token)
+    search.suggest("t")
+    search.on_trial_result("t", {"loss/train": 1.0})  # no objective yet: must not raise
+    search.on_trial_complete("t", {TPUT: 9.0, FINAL: 0})
+    assert search._ot_study.trials[0].state == optuna.trial.TrialState.PRUNED
+
+
+LANDSCAPE = """\
+name: c
+trainable: {name: mlp-tabular}
+space: {lr: {type: float, low: 0.001, high: 1.0}}
+objective: {metric: throughput/samples_per_s, mode: max, constraints: [{metric: loss/val, max: 1.0}]}
+budget: {num_trials: 60, num_steps: 5}
+seed: 3
+"""
+
+
+def _infeasible_proposals(search: SweepSearch, tell_as_fail: bool, token: str, n: int = 60) -> int:
+    """Throughput rises with lr but loss/val breaks its bound above lr=0.6: the unconstrained
+    optimum is infeasible. Returns how many of the last 30 proposals landed there."""
+    late = 0
+    for i in range(n):
+        lr = search.suggest(f"t{i}")["lr"]  # type: ignore[index]
+        infeasible = lr > 0.6
+        late += infeasible and i >= n - 30
+        if infeasible and tell_as_fail:  # what plain OptunaSearch does with a failed trial
+            search.on_trial_complete(f"t{i}", error=True)
+            shared(token).failures[f"t{i}"] = "crash"
+        else:
+            search.on_trial_complete(f"t{i}", {TPUT: 100 * lr, "loss/val": 0.5 + lr, FINAL: 1})
+    return late
+
+
+def test_constraints_teach_the_sampler_the_infeasible_region(token: str) -> None:
+    ours = _infeasible_proposals(_searcher(LANDSCAPE, token), False, token)
+    other = uuid.uuid4().hex
     try:
-        assert search.suggest("t0") == search.FINISHED
+        ignored = _infeasible_proposals(_searcher(LANDSCAPE, other), True, other)
     finally:
-        runner._OOM_BOUNDS.pop("tok2", None)
+        release(other)
+    # Ignoring failures, TPE keeps proposing the region it cannot see; with constraints it learns.
+    assert ours <= 6 and ours < ignored / 2, (ours, ignored)
+
+
+def test_grid_visits_every_point_once_smallest_batch_first_and_skips_above_oom(token: str) -> None:
+    text = SPEC.replace("num_trials: 50", "num_trials: 8") + "search: {algorithm: grid}\n"
+    search = _searcher(text, token)
+    seen = []
+    for i in range(8):
+        p = search.suggest(f"t{i}")
+        if not isinstance(p, dict):
+            break
+        seen.append((p["precision"], p["batch_size"]))
+        if p == {"precision": "32", "batch_size": 32}:  # runs out of memory
+            search.on_trial_complete(f"t{i}", error=True)
+            shared(token).failures[f"t{i}"] = "oom"
+            record_oom(token, {**p, "compile": False})
+        else:
+            search.on_trial_complete(f"t{i}", {TPUT: 1.0, FINAL: 1})
+    assert seen == [("32", 16), ("32", 32), ("bf16-mixed", 16), ("bf16-mixed", 32), ("bf16-mixed", 64),
+                    ("bf16-mixed", 128)]
+    assert search.suggest("after") == search.FINISHED
+
+
+def test_multi_objective_tells_both_values(token: str) -> None:
+    text = SPEC + "objective: {metric: [throughput/samples_per_s, loss/val], mode: [max, min]}\n"
+    search = _searcher(text, token)
+    search.suggest("t")
+    search.on_trial_complete("t", {TPUT: 10.0, "loss/val": 2.0, FINAL: 1})
+    assert search._ot_study.trials[0].values == [10.0, 2.0] and len(search._ot_study.directions) == 2
+
+
+def test_asha_compares_trials_at_equal_measured_steps() -> None:
+    spec = parse_spec(SPEC + "search: {early_stopping: {grace_steps: 2, reduction_factor: 2}}\n")
+    scheduler = make_scheduler(spec)
+    assert type(scheduler).__name__ == "AsyncHyperBandScheduler"
+    assert (scheduler._time_attr, scheduler._metric, scheduler._mode) == ("progress/steps", TPUT, "max")

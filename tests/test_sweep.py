@@ -94,19 +94,24 @@ def test_circuit_breaker_stops_repeated_identical_failures(ray_cluster: None, tm
     assert outcome.best is None
 
 
-def test_oom_trials_are_classified_and_larger_batches_skipped(ray_cluster: None, tmp_path: Path) -> None:
-    text = ("name: oom\ntrainable: {name: 'tests.faulty:oom_above_32'}\n"
-            "space: {batch_size: {type: categorical, choices: [16, 32, 64, 128]}, "
-            "lr: {type: float, low: 1.0e-3, high: 1.0e-2, log: true}}\n"
+def test_grid_with_oom_and_divergence_classifies_skips_and_never_picks_them(ray_cluster: None, tmp_path: Path) -> None:
+    # Injected faults: batch 16 diverges (NaN loss), batches above 32 run out of memory.
+    text = ("name: oom\ntrainable: {name: 'tests.faulty:nan_at_16_oom_above_32'}\n"
+            "space: {batch_size: {type: categorical, choices: [128, 64, 32, 16]}}\n"
+            "search: {algorithm: grid}\n"
             "budget: {num_trials: 4, num_steps: 5, num_warmup_steps: 1, max_identical_failures: 0}\n"
             f"tracking: {{uri: 'sqlite:///{tmp_path / 'mlflow.db'}'}}\nstorage_path: {tmp_path / 'r'}\nseed: 1\n")
     lines: list[str] = []
     outcome = run_sweep(parse_spec(text), text, echo=lines.append)
-    trials = sorted(outcome.trials, key=lambda t: t.number)
-    assert all((t.status == "oom") == (t.params["batch_size"] > 32) for t in trials), [(t.params["batch_size"], t.status) for t in trials]
-    first_oom = next(i for i, t in enumerate(trials) if t.status == "oom")
-    bound = trials[first_oom].params["batch_size"]
-    assert all(t.params["batch_size"] < bound for t in trials[first_oom + 1:])  # monotone: nothing larger after
-    assert "CUDA out of memory" in trials[first_oom].reason and "rank" in trials[first_oom].reason
-    assert outcome.best is not None and outcome.best.params["batch_size"] <= 32  # an OOM trial is never best
-    assert any(f"out of memory at batch_size={bound}" in line for line in lines)
+    # Grid order is smallest batch first; after the OOM at 64, batch 128 is never run.
+    ran = [(t.params["batch_size"], t.status) for t in sorted(outcome.trials, key=lambda t: t.number)]
+    assert ran == [(16, "diverged"), (32, "ok"), (64, "oom")], ran
+    by_batch = {t.params["batch_size"]: t for t in outcome.trials}
+    assert "CUDA out of memory" in by_batch[64].reason and "rank" in by_batch[64].reason
+    assert "nan" in by_batch[16].reason.lower()
+    assert outcome.best is by_batch[32]  # neither the OOM nor the NaN trial is ever best
+    assert any("out of memory at batch_size=64" in line for line in lines)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    diverged = client.get_run(by_batch[16].run_id)
+    assert diverged.data.tags["sweep.status"] == "diverged" and "loss/val" not in diverged.data.metrics
+    assert all(v == v for v in diverged.data.metrics.values())  # no NaN logged as a metric

@@ -24,6 +24,7 @@ LOSS_VAL = "loss/val"
 STEP_TIME_MS = "time/step_ms"
 DATA_WAIT_PCT = "time/data_wait_pct"
 STEPS = "progress/steps"
+FINAL = "progress/final"  # 1 in the trial's last report (after validation), 0 in progress reports
 WORLD_SIZE = "progress/world_size"
 TFLOPS = "perf/tflops_per_s"  # achieved training TFLOP/s, all ranks (needs the workload's FLOPs)
 MFU_PCT = "perf/mfu_pct"  # achieved FLOP/s / (peak per device x devices); absent where peak unknown

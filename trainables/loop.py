@@ -195,6 +195,7 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dic
             contract.DATA_WAIT_PCT: 100.0 * wait_share / world,
             contract.STEPS: timer.steps,
             contract.WORLD_SIZE: world,
+            contract.FINAL: 0,
         }
 
     model.train()
@@ -236,6 +237,7 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dic
     if not math.isfinite(final[contract.LOSS_VAL]):
         raise DivergedError(f"validation loss is {final[contract.LOSS_VAL]}")
     final.update(_flops_metrics(final, wl, cfg, device, world))
+    final[contract.FINAL] = 1
     if rank == 0:
         final.update(device_facts(device))
         if telemetry is not None:

@@ -1,0 +1,105 @@
+"""Resume: a sweep whose driver is killed mid-sweep is continued by `sweeps resume` (or a
+second `sweeps run` of the same spec); another spec under the same name is refused."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from sweeps.cli import main
+from sweeps.runner import run_sweep
+from sweeps.spec import parse_spec
+from sweeps.state import STATE_FILE, SweepExists, SweepState, spec_digest
+
+REPO = Path(__file__).resolve().parents[1]
+
+SPEC = """\
+name: resumable
+trainable: {{name: mlp-tabular, params: {{num_train_rows: 2048}}}}
+space: {{lr: {{type: float, low: 1.0e-3, high: 1.0e-2, log: true}}}}
+budget: {{num_trials: 2, num_steps: {steps}, num_warmup_steps: 2, report_interval_s: 0.5}}
+tracking: {{uri: 'sqlite:///{db}', experiment: resume-test}}
+storage_path: {storage}
+seed: 5
+"""
+
+
+def _children(client: MlflowClient, parent: str) -> list:
+    exp = client.get_experiment_by_name("resume-test")
+    return client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent}'") if exp else []
+
+
+@pytest.mark.ray
+def test_killed_driver_resumes_without_losing_or_duplicating(ray_cluster: None, tmp_path: Path) -> None:
+    import ray
+
+    text = SPEC.format(steps=300, db=tmp_path / "mlflow.db", storage=tmp_path / "r")
+    (tmp_path / "spec.yaml").write_text(text)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    # The driver runs in its own process against this session's cluster, as `ray job submit` would.
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "PYTHONPATH": str(REPO)}
+    driver = subprocess.Popen([sys.executable, "-m", "sweeps", "run", str(tmp_path / "spec.yaml")], cwd=tmp_path,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    state_file = tmp_path / "r" / "resumable" / STATE_FILE
+    deadline = time.monotonic() + 240
+    before: dict[str, str] = {}
+    while time.monotonic() < deadline and driver.poll() is None:  # wait: trial 1 done, trial 2 training
+        if state_file.exists():
+            runs = _children(client, SweepState.read(state_file.parent).parent_run_id)
+            done = [r for r in runs if r.data.tags.get("sweep.status") == "ok"]
+            training = [r for r in runs if r.data.tags.get("sweep.status") == "running" and r.data.metrics.get("progress/steps", 0) > 0]
+            if done and training:
+                before = {r.data.tags["sweep.trial_id"]: r.info.run_id for r in runs}
+                break
+        time.sleep(0.5)
+    # No wait needed: Tune saves its state every 2 s and a trial takes longer than that to start.
+    driver.send_signal(signal.SIGKILL)
+    out = driver.communicate(timeout=30)[0]
+    assert before, f"the sweep never reached its second trial:\n{out[-3000:]}"
+
+    lines: list[str] = []
+    spec = parse_spec(text)
+    outcome = run_sweep(spec, text, echo=lines.append)  # `sweeps run` of the same spec resumes
+    assert any(line.startswith("resuming sweep resumable") for line in lines), lines
+
+    assert [t.status for t in outcome.trials] == ["ok", "ok"], [(t.status, t.reason) for t in outcome.trials]
+    runs = _children(client, outcome.parent_run_id)
+    trial_ids = [r.data.tags["sweep.trial_id"] for r in runs]
+    assert len(trial_ids) == len(set(trial_ids)) == 2  # no duplicate runs, none lost
+    assert all(before[t] == run_id for t, run_id in ((r.data.tags["sweep.trial_id"], r.info.run_id) for r in runs) if t in before)
+    parents = client.search_runs([runs[0].info.experiment_id], "tags.`sweep.name` = 'resumable'")
+    assert [p.info.run_id for p in parents] == [outcome.parent_run_id] and parents[0].data.tags["sweep.resumed"] == "1"
+    assert parents[0].info.status == "FINISHED"
+
+
+def test_another_spec_under_the_same_name_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = SPEC.format(steps=10, db=tmp_path / "mlflow.db", storage=tmp_path / "r")
+    SweepState(text, "tok", "run-1", "sqlite:///x").write(tmp_path / "r" / "resumable")
+    other = text.replace("num_steps: 10", "num_steps: 20")
+    with pytest.raises(SweepExists, match="a different sweep named 'resumable' already exists") as info:
+        SweepState.find(parse_spec(other), other)
+    assert "sweeps resume resumable" in str(info.value) and "--restart" in str(info.value)
+    (tmp_path / "other.yaml").write_text(other)
+    assert main(["run", str(tmp_path / "other.yaml")]) == 2  # refused before Ray or MLflow start
+    assert "already exists" in capsys.readouterr().err
+    # comments, formatting and the storage folder do not make a different spec; values do
+    moved = text.replace(str(tmp_path / "r"), str(tmp_path / "elsewhere"))
+    assert spec_digest(parse_spec("# same\n" + moved)) == spec_digest(parse_spec(text)) != spec_digest(parse_spec(other))
+    # --restart moves the old one aside instead
+    assert SweepState.find(parse_spec(other), other, restart=True, echo=lambda _: None) is None
+    assert not (tmp_path / "r" / "resumable").exists() and list((tmp_path / "r").glob("resumable.old-*"))
+
+
+def test_resume_of_an_unknown_sweep_lists_the_known_ones(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = SPEC.format(steps=10, db=tmp_path / "mlflow.db", storage=tmp_path / "r")
+    SweepState(text, "tok", "run-1", "sqlite:///x").write(tmp_path / "r" / "resumable")
+    assert main(["resume", "nope", "--storage-path", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "no sweep named 'nope'" in err and "sweeps there: resumable" in err
