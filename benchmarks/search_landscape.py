@@ -9,6 +9,8 @@ feasible configuration (found by enumeration), with the same budget:
 
 - ours:   the product's searcher (`sweeps.search.SweepSearch`: seeded TPE, OOM trials told
           to Optuna as infeasible, monotone skipping of batches at/above an OOM),
+- tpe, OOM as FAIL: the same TPE, but OOM trials reach Optuna as FAIL and nothing is skipped
+          (what plain OptunaSearch does): isolates what the infeasibility feedback buys,
 - random: Optuna's RandomSampler, OOM trials simply fail (what a plain random search does),
 - grid:   the full grid in the product's grid order (smallest batch first), no skipping.
 
@@ -128,12 +130,13 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=40)
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    found: dict[str, list[int | None]] = {"ours": [], "random": [], "grid": []}
+    found: dict[str, list[int | None]] = {"ours": [], "tpe, OOM as FAIL": [], "random": [], "grid": []}
     oom_runs: dict[str, list[int]] = {k: [] for k in found}
     for seed in range(args.seeds):
         land = Landscape(seed)
         target = land.best()
-        for method, algorithm, learn in (("ours", "tpe", True), ("random", "random", False)):
+        for method, algorithm, learn in (("ours", "tpe", True), ("tpe, OOM as FAIL", "tpe", False),
+                                         ("random", "random", False)):
             token = uuid.uuid4().hex
             search = make_searcher(_spec(algorithm, args.budget, seed), token)
             assert search is not None

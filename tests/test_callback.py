@@ -1,0 +1,57 @@
+"""The sweep callback on its own, fed Tune's lifecycle calls: how a trial's end is classified."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+
+from sweeps.runner import _LIVE, _SweepCallback
+from sweeps.search import release
+from sweeps.spec import parse_spec
+from sweeps.tracking import SweepTracker
+
+SPEC = """\
+name: cb
+trainable: {name: mlp-tabular}
+space: {lr: {type: float, low: 1.0e-3, high: 1.0e-2}}
+objective: {metric: throughput/samples_per_s, mode: max, constraints: [{metric: loss/val, max: 2.0}]}
+search: {early_stopping: {grace_steps: 2}}
+budget: {num_trials: 3, num_steps: 10}
+"""
+
+
+def test_final_infeasible_and_pruned_trials(tmp_path: Path) -> None:
+    spec = parse_spec(SPEC)
+    tracker = SweepTracker(f"sqlite:///{tmp_path / 'm.db'}", "cb")
+    tracker.start_sweep("cb", "", SPEC, {})
+    token = uuid.uuid4().hex
+    lines: list[str] = []
+    cb = _SweepCallback(spec, tracker, lines.append, token)
+    try:
+        for tid, result in (
+            ("ok", {"throughput/samples_per_s": 10.0, "loss/val": 1.5, "progress/steps": 10, "progress/final": 1}),
+            ("bad", {"throughput/samples_per_s": 20.0, "loss/val": 3.5, "progress/steps": 10, "progress/final": 1}),
+            ("slow", {"throughput/samples_per_s": 1.0, "progress/steps": 2, "progress/final": 0}),
+        ):
+            trial = SimpleNamespace(trial_id=tid, config={"lr": 0.005})
+            cb.on_trial_start(0, [], trial)
+            cb.on_trial_result(1, [], trial, result)
+            cb.on_trial_complete(1, [], trial)
+    finally:
+        release(token)
+    rows = cb.rows
+    assert (rows["ok"].status, rows["bad"].status, rows["slow"].status) == ("ok", "infeasible", "pruned")
+    assert rows["bad"].reason == "loss/val=3.5 breaks loss/val <= 2" and "INFEASIBLE" in lines[3]
+    assert "stopped by ASHA after 2 measured steps" in rows["slow"].reason
+    run = tracker.client.get_run(rows["bad"].run_id)
+    assert run.data.tags["sweep.status"] == "infeasible" and run.info.status == "FINISHED"
+    # a callback pickles as its token (Tune writes it into tuner.pkl) and comes back as the live one
+    import pickle
+
+    cb2 = _SweepCallback(spec, tracker, lines.append, token)
+    try:
+        assert pickle.loads(pickle.dumps(cb2)) is cb2
+    finally:
+        _LIVE.pop(token, None)
+    assert type(pickle.loads(pickle.dumps(cb2))) is not _SweepCallback  # no live sweep: an inert callback
