@@ -41,7 +41,7 @@ def _run(args: argparse.Namespace) -> int:
     except TrackingUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3
-    except SweepExists as exc:
+    except (SweepExists, SpecError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     _print_outcome(outcome, f"\nSweep {spec.name} finished in {outcome.elapsed_s:.0f}s")

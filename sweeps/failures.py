@@ -11,7 +11,9 @@ from collections.abc import Iterator
 
 from trainables.errors import DivergedError, UnsupportedError, WorkloadError
 
-KINDS: tuple[str, ...] = ("unsupported", "oom", "diverged", "config", "crash", "error")  # crash: transient
+KINDS: tuple[str, ...] = ("unsupported", "oom", "diverged", "config", "dataloader", "crash", "error")  # crash: transient
+_LOADER_HINT = (" — a dataloader worker died or hung: give the container more shared memory (docker --shm-size, "
+                "/dev/shm), lower num_dataloader_workers or prefetch_factor, or check the dataset's __getitem__")
 _OOM_NAMES = {"OutOfMemoryError", "MemoryError"}  # torch.OutOfMemoryError, ray's, Python's
 # A worker process or its node went away: transient, worth one more attempt elsewhere.
 _CRASH_NAMES = {"ActorDiedError", "RayActorError", "WorkerCrashedError", "ActorUnavailableError", "NodeDiedError",
@@ -56,13 +58,14 @@ def classify(exc: BaseException) -> tuple[str, str]:
         ("config", lambda e: isinstance(e, WorkloadError)),
         ("oom", lambda e: type(e).__name__ in _OOM_NAMES),
         ("diverged", lambda e: isinstance(e, DivergedError)),
+        ("dataloader", lambda e: "DataLoader worker" in str(e) or "DataLoader timed out" in str(e)),
         ("crash", lambda e: type(e).__name__ in _CRASH_NAMES),
     )
     for kind, match in rules:
         for rank, e in leaves:
             if match(e):
                 where = f"rank {rank}: " if rank is not None else ""
-                return kind, f"{where}{type(e).__name__}: {_first_line(e)}"
+                return kind, f"{where}{type(e).__name__}: {_first_line(e)}" + (_LOADER_HINT if kind == "dataloader" else "")
     rank, e = leaves[-1] if len(leaves) > 1 and leaves[0][0] is not None else leaves[0]
     where = f"rank {rank}: " if rank is not None else ""
     return "error", f"{where}{type(e).__name__}: {_first_line(e)}"

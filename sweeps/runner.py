@@ -21,7 +21,7 @@ from sweeps.outcome import SweepOutcome, TrialRow
 from sweeps.report import rows_from_runs
 from sweeps.search import make_scheduler, make_searcher, record_oom, release, shared
 from sweeps.space import resolve_trial, trial_params
-from sweeps.spec import ScalingSpec, SweepSpec
+from sweeps.spec import ScalingSpec, SpecError, SpecProblem, SweepSpec
 from sweeps.state import SweepState
 from sweeps.tracking import SweepTracker, check_reachable
 from sweeps.verdict import verdict
@@ -44,7 +44,7 @@ def make_trainer(cfg: TrialConfig, scaling: ScalingSpec, name: str, storage_path
     return TorchTrainer(
         train_worker,
         train_loop_config=cfg.to_dict(),
-        torch_config=TorchConfig(backend="nccl" if scaling.use_gpu else "gloo"),
+        torch_config=TorchConfig(backend="nccl" if scaling.use_gpu else "gloo", timeout_s=int(max(cfg.collective_timeout_s, 1))),
         scaling_config=ray.train.ScalingConfig(
             num_workers=scaling.num_workers,
             use_gpu=scaling.use_gpu,
@@ -247,6 +247,22 @@ def _concurrency_note(spec: SweepSpec, resources: dict[str, float]) -> str:
     return note
 
 
+def refuse_if_never_fits(spec: SweepSpec, resources: dict[str, float]) -> None:
+    """On a fixed cluster (a local one), a trial that needs more than there is would wait forever."""
+    sc = spec.scaling
+    problems = []
+    have_cpu, have_gpu = resources.get("CPU", 0), resources.get("GPU", 0)
+    if sc.num_workers * sc.cpus_per_worker > have_cpu:
+        problems.append(SpecProblem("scaling", f"a trial needs num_workers x cpus_per_worker = {sc.num_workers} x "
+                                    f"{sc.cpus_per_worker} CPUs but this cluster has {have_cpu:g}; lower them or "
+                                    "run on a bigger cluster (ray job submit)"))
+    if sc.num_workers * sc.gpus_per_worker > have_gpu:
+        problems.append(SpecProblem("scaling", f"a trial needs {sc.num_workers * sc.gpus_per_worker:g} GPUs but this "
+                                    f"cluster has {have_gpu:g}; set use_gpu: false or run where GPUs are"))
+    if problems:
+        raise SpecError(f"sweep {spec.name}", problems)
+
+
 def _local_runtime_env() -> dict[str, Any] | None:
     """Outside a Ray job, let workers import user trainables from the current directory, as
     `ray job submit --working-dir .` does inside one."""
@@ -271,6 +287,8 @@ def run_sweep(spec: SweepSpec, spec_text: str, echo: Callable[[str], None] = ech
     if started_ray:
         ray.init(runtime_env=_local_runtime_env())
     try:
+        if started_ray:  # this machine is the whole cluster: no autoscaler will bring more
+            refuse_if_never_fits(spec, ray.cluster_resources())
         return _run(spec, spec_text, echo, state)
     finally:
         if started_ray:

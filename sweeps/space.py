@@ -45,6 +45,8 @@ def resolve_trial(spec: SweepSpec, sampled: dict[str, Any], metrics_path: str | 
         num_steps=spec.budget.num_steps,
         num_warmup_steps=spec.budget.num_warmup_steps,
         report_interval_s=spec.budget.report_interval_s,
+        loader_timeout_s=spec.budget.loader_timeout_s,
+        collective_timeout_s=spec.budget.collective_timeout_s,
         telemetry_period_s=spec.telemetry.period_s,
         use_gpu=spec.scaling.use_gpu,
         threads_per_worker=spec.scaling.cpus_per_worker,

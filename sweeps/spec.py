@@ -361,6 +361,10 @@ class BudgetSpec(BaseModel):
                              "(transient); other failures are final")
     max_identical_failures: int = Field(default=3, ge=0, description="stop the sweep after this many trials "
                                         "in a row fail with the same error (0: never)")
+    loader_timeout_s: float = Field(default=120.0, ge=0, description="longest a step waits for one batch from "
+                                    "a dataloader worker before the trial fails (0: forever)")
+    collective_timeout_s: float = Field(default=600.0, gt=0, description="process-group timeout: a rank "
+                                        "stuck in a collective (a hung peer) fails the trial after this")
     time_budget_s: float | None = Field(default=None, gt=0, description="wall-clock limit for the whole sweep: "
                                         "no trial starts after it, running ones are stopped")
 

@@ -27,6 +27,47 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     shutil.rmtree(_AUTH_DIR, ignore_errors=True)
 
 
+_RAY_MARKS = ("raylet", "gcs_server", "ray::", "default_worker.py", "dashboard/agent.py", "log_monitor.py",
+              "runtime_env/agent", "ray/autoscaler", "dashboard.py")
+
+
+def _ray_processes() -> dict[int, str]:
+    import psutil
+
+    found = {}
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+        except (psutil.Error, TypeError):
+            continue
+        if p.info["status"] != psutil.STATUS_ZOMBIE and any(m in cmd for m in _RAY_MARKS):
+            found[p.info["pid"]] = cmd[:120]
+    return found
+
+
+def _home_ray() -> dict[str, float]:
+    home = Path.home() / ".ray"
+    return {str(p): p.stat().st_mtime for p in home.rglob("*")} if home.exists() else {}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def leaves_nothing_behind() -> Iterator[None]:
+    """After every test: no Ray process the tests started is left running, nothing was written to
+    $HOME/.ray, and no torch.distributed process group is left open in this process."""
+    before, home_before = _ray_processes(), _home_ray()
+    yield
+    import time
+
+    deadline = time.monotonic() + 60  # Ray reaps its workers asynchronously after shutdown
+    while (leaked := {p: c for p, c in _ray_processes().items() if p not in before}) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not leaked, f"Ray processes left behind by the tests: {leaked}"
+    assert _home_ray() == home_before, "the tests wrote to $HOME/.ray (point RAY_AUTH_TOKEN_PATH and temp dirs elsewhere)"
+    import torch.distributed as dist
+
+    assert not (dist.is_available() and dist.is_initialized()), "a test left a torch.distributed process group open"
+
+
 @pytest.fixture(scope="session")
 def auth_token_path() -> Path:
     return _TOKEN

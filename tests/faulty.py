@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.data import Dataset, get_worker_info
 
 from trainables import BuildContext, Workload
 from trainables.registry import build
@@ -36,4 +40,53 @@ def oom_above_32(params: dict[str, Any], ctx: BuildContext) -> Workload:
 def nan_at_16_oom_above_32(params: dict[str, Any], ctx: BuildContext) -> Workload:
     workload = build("mlp-tabular", {"num_train_rows": 1024, "num_val_rows": 256}, ctx)
     workload.model = _OomAbove(workload.model, 32, nan_batch=16)
+    return workload
+
+
+class _RankHangs(nn.Module):
+    """On rank `rank`, the `at`-th forward never returns: its DDP peers wait in the all-reduce."""
+
+    def __init__(self, inner: nn.Module, rank: int, hang_rank: int, at: int) -> None:
+        super().__init__()
+        self.inner, self.hangs, self.at, self.calls = inner, rank == hang_rank, at, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.hangs and self.calls == self.at:
+            time.sleep(3600)
+        return self.inner(x)  # type: ignore[no-any-return]
+
+
+def rank1_hangs(params: dict[str, Any], ctx: BuildContext) -> Workload:
+    workload = build("mlp-tabular", {"num_train_rows": 1024, "num_val_rows": 256}, ctx)
+    workload.model = _RankHangs(workload.model, ctx.rank, hang_rank=1, at=4)
+    return workload
+
+
+class _LoaderFault(Dataset):  # type: ignore[type-arg]
+    """Wraps a dataset; inside a loader worker process, item `at` kills the worker or hangs."""
+
+    def __init__(self, inner: Any, how: str, at: int = 8) -> None:
+        self.inner, self.how, self.at = inner, how, at
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, i: int) -> Any:
+        if i == self.at and get_worker_info() is not None:
+            if self.how == "die":
+                os.kill(os.getpid(), signal.SIGKILL)  # what the OOM killer or a full /dev/shm does
+            time.sleep(3600)
+        return self.inner[i]
+
+
+def loader_dies(params: dict[str, Any], ctx: BuildContext) -> Workload:
+    workload = build("mlp-tabular", {"num_train_rows": 256, "num_val_rows": 64}, ctx)
+    workload.train_dataset = _LoaderFault(workload.train_dataset, "die")
+    return workload
+
+
+def loader_hangs(params: dict[str, Any], ctx: BuildContext) -> Workload:
+    workload = build("mlp-tabular", {"num_train_rows": 256, "num_val_rows": 64}, ctx)
+    workload.train_dataset = _LoaderFault(workload.train_dataset, "hang")
     return workload

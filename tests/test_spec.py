@@ -115,3 +115,14 @@ def test_objective_follows_the_workload_unit() -> None:
     with pytest.raises(SpecError, match=r"gpt-lm reports throughput/tokens_per_s, not throughput/samples_per_s"):
         parse_spec(gpt + "objective: {metric: throughput/samples_per_s}\n")
     assert parse_spec(BASE + "space: {compile: {type: categorical, choices: [false, true]}}\n").space.searched()
+
+
+def test_a_trial_larger_than_a_fixed_cluster_is_refused_before_it_runs() -> None:
+    from sweeps.runner import refuse_if_never_fits
+
+    spec = parse_spec(BASE + "scaling: {num_workers: 2, cpus_per_worker: 2}\n")
+    with pytest.raises(SpecError, match=r"scaling: a trial needs num_workers x cpus_per_worker = 2 x 2 CPUs but this cluster has 2"):
+        refuse_if_never_fits(spec, {"CPU": 2.0})
+    refuse_if_never_fits(spec, {"CPU": 4.0})
+    with pytest.raises(SpecError, match="needs 2 GPUs but this cluster has 0"):
+        refuse_if_never_fits(parse_spec(BASE + "scaling: {use_gpu: true}\n"), {"CPU": 8.0})

@@ -24,6 +24,7 @@ LOSS_VAL = "loss/val"
 STEP_TIME_MS = "time/step_ms"
 DATA_WAIT_PCT = "time/data_wait_pct"
 STEPS = "progress/steps"
+LOOP_S = "time/loop_total_s"  # the loop's own wall time: build, data, warm-up, measured steps, validation
 FINAL = "progress/final"  # 1 in the trial's last report (after validation), 0 in progress reports
 WORLD_SIZE = "progress/world_size"
 TFLOPS = "perf/tflops_per_s"  # achieved training TFLOP/s, all ranks (needs the workload's FLOPs)
@@ -58,7 +59,7 @@ KNOWN_METRICS: tuple[str, ...] = tuple(
     + [per_worker_throughput_key(u) for u in THROUGHPUT_UNITS]
     + [energy_key(u) for u in THROUGHPUT_UNITS]
     + [LOSS_TRAIN, LOSS_VAL, STEP_TIME_MS, DATA_WAIT_PCT, TFLOPS, MFU_PCT, GPU_UTIL_MEAN_PCT, GPU_MEM_PEAK_GIB,
-       GPU_POWER_MEAN_W, H2D_COPY_PCT, CPU_WORKER_PCT, CPU_LOADERS_PCT, MEM_HEADROOM_GIB]
+       GPU_POWER_MEAN_W, H2D_COPY_PCT, CPU_WORKER_PCT, CPU_LOADERS_PCT, MEM_HEADROOM_GIB, LOOP_S]
 )
 
 
@@ -95,6 +96,8 @@ class TrialConfig:
     seed: int = 0
     data_dir: str = ".cache/datasets"
     metrics_path: str | None = None  # rank 0 appends every report here as JSON lines
+    loader_timeout_s: float = 120.0  # longest wait for one batch from a loader worker (0: forever)
+    collective_timeout_s: float = 600.0  # process-group timeout: a hung peer fails the trial after this
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:

@@ -39,6 +39,8 @@ def _parse(argv: list[str] | None) -> TrialConfig:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data-dir", default=".cache/datasets")
     p.add_argument("--metrics-path", default=None, help="append JSON lines here instead of stdout")
+    p.add_argument("--loader-timeout-s", type=float, default=120.0, help="longest wait for one batch (0: forever)")
+    p.add_argument("--collective-timeout-s", type=float, default=600.0, help="process-group timeout (hung peer)")
     a = p.parse_args(argv)
     return TrialConfig(
         workload=a.workload, workload_params=json.loads(a.params), batch_size=a.batch_size,
@@ -48,6 +50,7 @@ def _parse(argv: list[str] | None) -> TrialConfig:
         telemetry_period_s=a.telemetry_period_s,
         use_gpu=torch.cuda.is_available(), threads_per_worker=a.threads_per_worker,
         report_interval_s=a.report_interval_s, seed=a.seed, data_dir=a.data_dir, metrics_path=a.metrics_path,
+        loader_timeout_s=a.loader_timeout_s, collective_timeout_s=a.collective_timeout_s,
     )
 
 
@@ -61,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         device = torch.device("cpu")
     if world > 1:
-        dist.init_process_group("nccl" if cfg.use_gpu else "gloo", timeout=timedelta(minutes=5))
+        dist.init_process_group("nccl" if cfg.use_gpu else "gloo", timeout=timedelta(seconds=cfg.collective_timeout_s))
     try:
         rank = dist.get_rank() if world > 1 else 0
         train(cfg, JsonlReporter(cfg.metrics_path, rank), device)

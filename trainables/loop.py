@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import time
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -67,6 +68,7 @@ def _make_loader(
         drop_last=train,
         persistent_workers=train and workers > 0 and cfg.persistent_workers,
         prefetch_factor=cfg.prefetch_factor if workers > 0 else None,
+        timeout=cfg.loader_timeout_s if workers > 0 else 0,  # a hung loader worker fails the trial
         generator=torch.Generator().manual_seed(cfg.seed + rank) if sampler is None else None,
     )
     if train and len(loader) == 0:
@@ -84,6 +86,18 @@ def _batches(loader: DataLoader[Any], sampler: DistributedSampler[Any] | None) -
             sampler.set_epoch(epoch)
         yield from loader
         epoch += 1
+
+
+def _close_loader(loader: DataLoader[Any], batches: Iterator[Any]) -> None:
+    """Shut the loader's worker processes down now rather than at garbage collection: after a
+    failure, the traceback keeps the iterator (and PyTorch's SIGCHLD watch over its workers) alive."""
+    close = getattr(batches, "close", None)
+    if close is not None:
+        close()
+    iterator = getattr(loader, "_iterator", None)  # persistent workers live on the loader
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+    loader._iterator = None  # type: ignore[attr-defined]
 
 
 def _to(batch: Any, device: torch.device, non_blocking: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,6 +154,7 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dic
     """Train `cfg.num_warmup_steps + cfg.num_steps` steps and return the final report.
 
     `facts` (strings, e.g. the launcher's node id) join rank 0's device facts in the final report."""
+    loop_t0 = time.perf_counter()
     rank, world = _world()
     torch.set_num_threads(cfg.threads_per_worker)
     if device.type == "cuda":
@@ -199,45 +214,51 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dic
         }
 
     model.train()
-    for step in range(cfg.num_warmup_steps + cfg.num_steps):
-        if step == cfg.num_warmup_steps:
-            if step >= 2:  # warm-up long enough to time: report about every report_interval_s
-                (warm_step_s,) = _all_reduce([(timer._clock() - warm_t0) / (step - 1)], device, op="max")
-                report_every = max(1, int(cfg.report_interval_s / max(warm_step_s, 1e-9)))
-            timer.start()
-            if telemetry is not None:
-                telemetry.start()
-        elif step == 1:
-            warm_t0 = timer._clock()  # step 0 (allocations, loader start-up) is not representative
-        with timer.data_wait():
-            batch = next(batches)
-        with telemetry.h2d_copy(timer.measuring) if telemetry is not None else contextlib.nullcontext():
-            x, y = _to(batch, device, pin)
-        if device.type == "cuda" and wl.channels_last and x.dim() == 4:
-            x = x.contiguous(memory_format=torch.channels_last)
-        with prec.autocast():
-            loss = wl.loss_fn(ddp_model(x), y)
-        if scaler is not None:
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            loss.backward()
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if timer.measuring:
-            loss_sum += loss.detach().float()
-            loss_count += 1
-            timer.step_done()
-            if timer.steps % report_every == 0 and timer.steps < cfg.num_steps:
-                reporter.report(window_metrics())
+    try:
+        for step in range(cfg.num_warmup_steps + cfg.num_steps):
+            if step == cfg.num_warmup_steps:
+                if step >= 2:  # warm-up long enough to time: report about every report_interval_s
+                    (warm_step_s,) = _all_reduce([(timer._clock() - warm_t0) / (step - 1)], device, op="max")
+                    report_every = max(1, int(cfg.report_interval_s / max(warm_step_s, 1e-9)))
+                timer.start()
+                if telemetry is not None:
+                    telemetry.start()
+            elif step == 1:
+                warm_t0 = timer._clock()  # step 0 (allocations, loader start-up) is not representative
+            with timer.data_wait():
+                batch = next(batches)
+            with telemetry.h2d_copy(timer.measuring) if telemetry is not None else contextlib.nullcontext():
+                x, y = _to(batch, device, pin)
+            if device.type == "cuda" and wl.channels_last and x.dim() == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
+            with prec.autocast():
+                loss = wl.loss_fn(ddp_model(x), y)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                loss.backward()
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if timer.measuring:
+                loss_sum += loss.detach().float()
+                loss_count += 1
+                timer.step_done()
+                if timer.steps % report_every == 0 and timer.steps < cfg.num_steps:
+                    reporter.report(window_metrics())
+    except BaseException:  # stop loader workers now: a kept traceback would keep them registered
+        _close_loader(loader, batches)
+        raise
 
     final = window_metrics(final=True)
+    _close_loader(loader, batches)  # after the last telemetry sample, which counts loader CPU
     final[contract.LOSS_VAL] = _validate(ddp_model, wl, cfg, prec, device, pin)
     if not math.isfinite(final[contract.LOSS_VAL]):
         raise DivergedError(f"validation loss is {final[contract.LOSS_VAL]}")
     final.update(_flops_metrics(final, wl, cfg, device, world))
     final[contract.FINAL] = 1
+    (final[contract.LOOP_S],) = _all_reduce([time.perf_counter() - loop_t0], device, op="max")
     if rank == 0:
         final.update(device_facts(device))
         if telemetry is not None:

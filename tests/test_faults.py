@@ -1,0 +1,75 @@
+"""Faults provoked for real, below Ray: a dataloader worker that dies or hangs, a DDP peer that
+hangs in a collective. Each must end in a readable failure within its timeout, leaving nothing
+running."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from sweeps.failures import classify
+from trainables.contract import TrialConfig
+from trainables.loop import train
+from trainables.reporting import ListReporter
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _cfg(data_dir: Path, workload: str, **kw: object) -> TrialConfig:
+    base: dict[str, object] = dict(workload=workload, batch_size=16, precision="32", lr=1e-3, num_steps=40,
+                                   num_warmup_steps=2, num_dataloader_workers=1, data_dir=str(data_dir))
+    base.update(kw)
+    return TrialConfig(**base)  # type: ignore[arg-type]
+
+
+def _own_children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+@pytest.mark.parametrize("workload,expected,timeout_s", [
+    ("tests.faulty:loader_dies", "DataLoader worker (pid", 120.0),
+    ("tests.faulty:loader_hangs", "DataLoader timed out after 3.0 seconds", 3.0),
+])
+def test_dataloader_worker_death_or_hang_fails_readably(data_dir: Path, workload: str, expected: str, timeout_s: float) -> None:
+    before = _own_children()
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError) as info:
+        train(_cfg(data_dir, workload, loader_timeout_s=timeout_s), ListReporter(), torch.device("cpu"))
+    assert time.monotonic() - t0 < 60
+    kind, reason = classify(info.value)
+    assert kind == "dataloader" and expected in reason and "shared memory" in reason, reason
+    deadline = time.monotonic() + 10
+    while _own_children() - before and time.monotonic() < deadline:  # loader workers are reaped
+        time.sleep(0.2)
+    assert not _own_children() - before
+
+
+def test_hung_ddp_peer_times_out_and_leaves_no_process(tmp_path: Path) -> None:
+    # Rank 1 never returns from its 4th forward; rank 0 waits in DDP's all-reduce until the
+    # process-group timeout (2 s here; 600 s by default, budget.collective_timeout_s) fires.
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "trainables.launch", "--workload", "tests.faulty:rank1_hangs", "--num-steps", "50",
+           "--batch-size", "16", "--collective-timeout-s", "2", "--metrics-path", str(tmp_path / "m.jsonl")]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ranks = []
+    try:
+        deadline = time.monotonic() + 30
+        while len(ranks) < 2 and time.monotonic() < deadline:
+            ranks = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+            time.sleep(0.2)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    elapsed = time.monotonic() - t0
+    assert proc.returncode != 0 and elapsed < 90, elapsed
+    assert "Timed out" in err or "timed out" in err, err[-2000:]
+    assert ranks and not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in ranks)
