@@ -179,21 +179,20 @@ class SweepTracker:
 
     def start_trial(self, trial_id: str, number: int, params: dict[str, Any]) -> str:
         assert self.parent_id is not None, "start_sweep() first"
-        if trial_id in self._children:  # a resumed sweep restarts an unfinished trial: same run, no duplicate
-            run_id = self._children[trial_id]
+        run_id = self._children.get(trial_id)
+        if run_id is None:
+            run = self.client.create_run(
+                self.experiment_id,
+                run_name=f"trial-{number:03d}-{trial_id}",
+                tags={"mlflow.parentRunId": self.parent_id, "sweep.trial_id": trial_id, "sweep.status": "running"},
+            )
+            run_id = self._children[trial_id] = run.info.run_id
+        else:  # a resumed sweep restarts an unfinished trial (or a replayed call): same run, no duplicate
             self.client.set_tag(run_id, "sweep.status", "running")
             self.client.update_run(run_id, status="RUNNING")
-            return run_id
-        run = self.client.create_run(
-            self.experiment_id,
-            run_name=f"trial-{number:03d}-{trial_id}",
-            tags={"mlflow.parentRunId": self.parent_id, "sweep.trial_id": trial_id, "sweep.status": "running"},
-        )
-        self._children[trial_id] = run.info.run_id
-        self.client.log_batch(
-            run.info.run_id, params=[Param(k, str(v)[:_MAX_PARAM_LEN]) for k, v in params.items()]
-        )
-        return run.info.run_id
+        # Idempotent: MLflow accepts a param logged again with the same value.
+        self.client.log_batch(run_id, params=[Param(k, str(v)[:_MAX_PARAM_LEN]) for k, v in params.items()])
+        return run_id
 
     def run_id(self, trial_id: str) -> str | None:
         return self._children.get(trial_id)

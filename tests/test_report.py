@@ -29,7 +29,7 @@ def test_pareto_front() -> None:
     pts = [(100.0, 1.0, "a"), (200.0, 2.0, "b"), (150.0, 0.5, "c"), (90.0, 3.0, "d"), (200.0, 2.5, "e"), (150.0, 0.5, "f")]
     rows = [TrialRow(n, i, {}, metrics={"t": t, "l": loss}) for i, (t, loss, n) in enumerate(pts)]
     assert [r.trial_id for r in pareto_rows(rows, ("t", "l"), ("max", "min"))] == ["b", "c", "f"]  # ties both stay
-    assert [r.trial_id for r in pareto_rows(rows, ("t", "l"), ("max", "max"))] == ["e"]
+    assert [r.trial_id for r in pareto_rows(rows, ("t", "l"), ("max", "max"))] == ["d", "e"]
 
 
 def test_figures_and_summary_on_parent_run(small_sweep: tuple, tmp_path: Path) -> None:
