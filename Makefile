@@ -48,8 +48,12 @@ ui: install
 clean:
 	rm -rf mlflow.db mlartifacts ray_results .cache
 
-# The CPU benchmark set (about 10 minutes on 2 cores); results append to benchmarks/results.jsonl.
+# The CPU benchmark set (estimated 15 minutes on 2 cores, not yet timed end to end); results append to
+# benchmarks/results.jsonl. docs/benchmarks.md quotes fuller runs (more rounds), each with its command.
 bench: install
 	cd benchmarks && ../$(PY) data_pipeline.py --rounds 3
-	cd benchmarks && ../$(PY) telemetry_overhead.py --pairs 10
+	cd benchmarks && ../$(PY) telemetry_overhead.py --pairs 6
 	cd benchmarks && ../$(PY) precision_ladder.py --rounds 3
+	cd benchmarks && ../$(PY) loop_parity.py --rounds 5 --steps 150
+	cd benchmarks && ../$(PY) sweep_overhead.py --rounds 1
+	cd benchmarks && ../$(PY) search_landscape.py --seeds 10 --budget 40

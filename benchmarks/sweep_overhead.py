@@ -1,12 +1,14 @@
 """Sweep overhead: what a sweep costs beyond the training it runs, and where it goes.
 
-On one Ray runtime kept warm (as under `ray job submit`), per round:
+On a Ray runtime started once per variant and round (its start-up excluded), per round:
 - a sweep of K trials, 1 at a time, of a fixed `mlp-tabular` config sized to ~T s of loop time;
   per trial, fixed cost = trial wall time (Tune start -> end, from the sweep's progress lines)
   minus the loop's own wall time (`time/loop_total_s`: build, data, warm-up, measured steps,
   validation); sweep overhead = sweep wall time / sum of loop times (1 slot);
 - the floors: a bare `TorchTrainer` (2 workers) whose train function returns at once, and a bare
   Tune trial (function trainable) that returns at once.
+
+Variants (alternating): `default` (Ray's settings) and `lean` (`sweeps.runner.LEAN_TRAIN_ENV`).
 
     .venv/bin/python benchmarks/sweep_overhead.py [--rounds 2] [--trials 3] [--steps 1500]
 """
@@ -82,53 +84,58 @@ def bare_tune() -> float:
         return time.monotonic() - t0
 
 
+# lean: `sweeps.runner.LEAN_TRAIN_ENV` (what `sweeps run` sets on a local cluster) in the job's runtime env.
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--variants", default="default,lean", help="default: Ray's settings; lean: LEAN_ENV")
     args = parser.parse_args()
     import ray
 
-    t0 = time.monotonic()
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
-             log_to_driver=False)
-    ray_init_s = time.monotonic() - t0
-    ratios: list[float] = []
-    fixed: list[float] = []
-    loops: list[float] = []
-    floors: dict[str, list[float]] = {"bare TorchTrainer (2 workers)": [], "bare Tune trial": []}
-    try:
-        for r in range(args.rounds):
-            wall, walls, loop = one_sweep(args.trials, args.steps)
-            ratios.append(wall / sum(loop))
-            fixed += [w - lp for w, lp in zip(walls, loop, strict=True)]
-            loops += loop
-            floors["bare TorchTrainer (2 workers)"].append(bare_train())
-            floors["bare Tune trial"].append(bare_tune())
-            print(f"round {r + 1}: sweep {wall:.1f}s for loops {[round(x, 1) for x in loop]}; "
-                  f"per-trial fixed {[round(w - lp, 1) for w, lp in zip(walls, loop, strict=True)]}", flush=True)
-    finally:
-        ray.shutdown()
+    variants = args.variants.split(",")
+    stats: dict[str, dict[str, list[float]]] = {
+        v: {"ratio": [], "fixed": [], "loop": [], "init": [], "bare TorchTrainer (2 workers)": [], "bare Tune trial": []}
+        for v in variants}
+    for r in range(args.rounds):
+        for v in variants[r % len(variants):] + variants[:r % len(variants)]:
+            from sweeps.runner import LEAN_TRAIN_ENV
+
+            env = {"PYTHONPATH": str(REPO), **(LEAN_TRAIN_ENV if v == "lean" else {})}
+            t0 = time.monotonic()
+            ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": env}, log_to_driver=False)
+            st = stats[v]
+            st["init"].append(time.monotonic() - t0)
+            try:
+                wall, walls, loop = one_sweep(args.trials, args.steps)
+                st["ratio"].append(wall / sum(loop))
+                st["fixed"] += [w - lp for w, lp in zip(walls, loop, strict=True)]
+                st["loop"] += loop
+                st["bare TorchTrainer (2 workers)"].append(bare_train())
+                st["bare Tune trial"].append(bare_tune())
+            finally:
+                ray.shutdown()
+            print(f"round {r + 1} {v}: sweep {wall:.1f}s for loops {[round(x, 1) for x in loop]}; per-trial fixed "
+                  f"{[round(w - lp, 1) for w, lp in zip(walls, loop, strict=True)]}", flush=True)
     fmt = lambda s: f"{s['median']:.2f} ({s['min']:.2f}-{s['max']:.2f})"  # noqa: E731
-    loop_s = summary(loops)["median"]
-    rows = [
-        ["sweep wall / sum of loop time", fmt(summary(ratios)), f"<= 1.1x for 150 s trials (here {loop_s:.0f} s)"],
-        ["per-trial fixed cost, s", fmt(summary(fixed)), "<= 10 s on 2 vCPU"],
-        *[[f"{k}, s", fmt(summary(v)), "floor"] for k, v in floors.items()],
-        ["ray.init (cold), s", f"{ray_init_s:.2f}", "once per driver"],
-    ]
-    print(table(["figure", "median (min-max)", "goal"], rows))
-    projected = (150 + summary(fixed)["median"]) / 150
-    print(f"at 150 s of loop time per trial, the same fixed cost gives {projected:.3f}x (projected, not measured)")
-    result: list[dict[str, Any]] = [
-        {"figure": "ratio", **summary(ratios)}, {"figure": "fixed_s", **summary(fixed)},
-        {"figure": "loop_s", **summary(loops)}, {"figure": "ray_init_s", "value": ray_init_s},
-        {"figure": "projected_ratio_150s", "value": projected},
-        *[{"figure": k, **summary(v)} for k, v in floors.items()],
-    ]
+    head = ["figure", *variants, "goal"]
+    loop_s = summary(stats[variants[0]]["loop"])["median"]
+    goals = {"ratio": f"<= 1.1x for 150 s trials (here {loop_s:.0f} s)", "fixed": "<= 10 s on 2 vCPU",
+             "init": "once per driver"}
+    names = {"ratio": "sweep wall / sum of loop time", "fixed": "per-trial fixed cost, s", "init": "ray.init (cold), s"}
+    rows = [[names.get(k, f"{k}, s"), *[fmt(summary(stats[v][k])) for v in variants], goals.get(k, "floor")]
+            for k in ("ratio", "fixed", "bare TorchTrainer (2 workers)", "bare Tune trial", "init")]
+    print(table(head, rows))
+    for v in variants:
+        projected = (150 + summary(stats[v]["fixed"])["median"]) / 150
+        print(f"{v}: at 150 s of loop time per trial this fixed cost gives {projected:.3f}x (projected, not measured)")
+    result: list[dict[str, Any]] = [{"variant": v, "figure": k, **summary(vals)} for v in variants
+                                    for k, vals in stats[v].items()]
     record("sweep_overhead", f"benchmarks/sweep_overhead.py --rounds {args.rounds} --trials {args.trials} "
-           f"--steps {args.steps}", result)
+           f"--steps {args.steps} --variants {args.variants}", result)
 
 
 if __name__ == "__main__":

@@ -78,10 +78,12 @@ def ray_cluster() -> Iterator[None]:
     """A real local Ray cluster for the session, stopped through its own handle."""
     import ray
 
+    from sweeps.runner import LEAN_TRAIN_ENV  # what `sweeps run` uses on a local cluster
+
     temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths are length-limited
     # Workers can import test-only trainables (tests.faulty) from the repo, as a job's working dir would.
     ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, object_store_memory=200 * 1024**2,
-             runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+             runtime_env={"env_vars": {"PYTHONPATH": str(REPO), **LEAN_TRAIN_ENV}})
     try:
         yield
     finally:
