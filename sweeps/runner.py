@@ -55,6 +55,7 @@ def make_trainer(cfg: TrialConfig, scaling: ScalingSpec, name: str, storage_path
             storage_path=storage_path,
             callbacks=callbacks,
             failure_config=ray.train.FailureConfig(max_failures=0),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1),  # disk use stays bounded
         ),
     )
 
@@ -65,8 +66,10 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, storage_path: str) -> Non
 
     trial_id = tune.get_context().get_trial_id()
     cfg = resolve_trial(spec, config)
+    # Every attempt uses the same Train run name: Ray Train then hands a retried (or resumed) run
+    # the last checkpoint the crashed attempt saved (budget.checkpoint_every_steps), if any.
+    name = f"{spec.name}-{trial_id}"
     for attempt in range(spec.budget.max_retries + 1):
-        name = f"{spec.name}-{trial_id}" + (f"-retry{attempt}" if attempt else "")
         trainer = make_trainer(cfg, spec.scaling, name, storage_path, callbacks=[TuneReportCallback()])
         try:
             trainer.fit()

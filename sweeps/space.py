@@ -47,6 +47,7 @@ def resolve_trial(spec: SweepSpec, sampled: dict[str, Any], metrics_path: str | 
         report_interval_s=spec.budget.report_interval_s,
         loader_timeout_s=spec.budget.loader_timeout_s,
         collective_timeout_s=spec.budget.collective_timeout_s,
+        checkpoint_every_steps=spec.budget.checkpoint_every_steps,
         telemetry_period_s=spec.telemetry.period_s,
         use_gpu=spec.scaling.use_gpu,
         threads_per_worker=spec.scaling.cpus_per_worker,

@@ -365,6 +365,8 @@ class BudgetSpec(BaseModel):
                                     "a dataloader worker before the trial fails (0: forever)")
     collective_timeout_s: float = Field(default=600.0, gt=0, description="process-group timeout: a rank "
                                         "stuck in a collective (a hung peer) fails the trial after this")
+    checkpoint_every_steps: int = Field(default=0, ge=0, description="measured steps between checkpoints "
+                                        "(0: none); a trial whose worker or node died resumes from the last one")
     time_budget_s: float | None = Field(default=None, gt=0, description="wall-clock limit for the whole sweep: "
                                         "no trial starts after it, running ones are stopped")
 

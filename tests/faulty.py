@@ -90,3 +90,25 @@ def loader_hangs(params: dict[str, Any], ctx: BuildContext) -> Workload:
     workload = build("mlp-tabular", {"num_train_rows": 256, "num_val_rows": 64}, ctx)
     workload.train_dataset = _LoaderFault(workload.train_dataset, "hang")
     return workload
+
+
+class _CrashOnce(nn.Module):
+    """Rank 1's process exits hard at its `at`-th forward, once per marker file (a crashed worker)."""
+
+    def __init__(self, inner: nn.Module, rank: int, at: int, marker: str) -> None:
+        super().__init__()
+        self.inner, self.rank, self.at, self.marker, self.calls = inner, rank, at, marker, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.rank == 1 and self.calls == self.at and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os._exit(1)
+        return self.inner(x)  # type: ignore[no-any-return]
+
+
+def crash_once(params: dict[str, Any], ctx: BuildContext) -> Workload:
+    """mlp-tabular whose rank 1 dies once, at its 15th forward (after the checkpoint at measured step 10)."""
+    workload = build("mlp-tabular", {"num_train_rows": 1024, "num_val_rows": 256}, ctx)
+    workload.model = _CrashOnce(workload.model, ctx.rank, at=15, marker=str(params["marker"]))
+    return workload

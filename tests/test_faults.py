@@ -73,3 +73,40 @@ def test_hung_ddp_peer_times_out_and_leaves_no_process(tmp_path: Path) -> None:
     assert proc.returncode != 0 and elapsed < 90, elapsed
     assert "Timed out" in err or "timed out" in err, err[-2000:]
     assert ranks and not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in ranks)
+
+
+def test_checkpoint_round_trip_in_one_process(tmp_path: Path, data_dir: Path) -> None:
+    from trainables import contract
+
+    cfg = _cfg(data_dir, "mlp-tabular", num_dataloader_workers=0, num_steps=12, checkpoint_every_steps=5,
+               report_interval_s=1e9)
+    first = ListReporter()
+    train(cfg, first, torch.device("cpu"))
+    assert len(first.checkpoints) == 2  # at measured steps 5 and 10, never at the end
+    (tmp_path / contract.CHECKPOINT_FILE).write_bytes(first.checkpoints[-1])
+    again = ListReporter()
+    final = train(cfg, again, torch.device("cpu"), resume_from=str(tmp_path))
+    assert final[contract.RESTORED_FROM] == 10 and final[contract.STEPS] == 12 and final[contract.FINAL] == 1
+    assert abs(final[contract.LOSS_VAL] - first.reports[-1][contract.LOSS_VAL]) < 0.5  # continued, not restarted
+
+
+@pytest.mark.ray
+def test_a_rank_crashing_once_resumes_from_the_last_checkpoint(ray_cluster: None, tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from sweeps.runner import run_sweep
+    from sweeps.spec import parse_spec
+
+    text = (f"name: crash\ntrainable: {{name: 'tests.faulty:crash_once', params: {{marker: '{tmp_path / 'crashed'}'}}}}\n"
+            "budget: {num_trials: 1, num_steps: 20, num_warmup_steps: 2, checkpoint_every_steps: 5, max_retries: 1}\n"
+            f"tracking: {{uri: 'sqlite:///{tmp_path / 'mlflow.db'}'}}\nstorage_path: {tmp_path / 'r'}\n")
+    outcome = run_sweep(parse_spec(text), text, echo=lambda _: None)
+    assert (tmp_path / "crashed").exists()  # the fault fired
+    [trial] = outcome.trials
+    assert trial.status == "ok", trial.reason
+    run = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(trial.run_id)
+    # rank 1 died at its 15th forward = measured step 13, after the checkpoint at step 10
+    assert run.data.metrics["progress/restored_from_step"] == 10 and run.data.metrics["progress/steps"] == 20
+    assert run.data.metrics["throughput/samples_per_s"] > 0 and "loss/val" in run.data.metrics
+    kept = list((tmp_path / "r" / "crash" / "trials").rglob("checkpoint_*"))
+    assert len([p for p in kept if p.is_dir()]) <= 1  # CheckpointConfig(num_to_keep=1): disk use bounded

@@ -25,6 +25,8 @@ STEP_TIME_MS = "time/step_ms"
 DATA_WAIT_PCT = "time/data_wait_pct"
 STEPS = "progress/steps"
 LOOP_S = "time/loop_total_s"  # the loop's own wall time: build, data, warm-up, measured steps, validation
+RESTORED_FROM = "progress/restored_from_step"  # measured steps a crashed attempt had done (resumed from them)
+CHECKPOINT_FILE = "state.pt"
 FINAL = "progress/final"  # 1 in the trial's last report (after validation), 0 in progress reports
 WORLD_SIZE = "progress/world_size"
 TFLOPS = "perf/tflops_per_s"  # achieved training TFLOP/s, all ranks (needs the workload's FLOPs)
@@ -98,6 +100,7 @@ class TrialConfig:
     metrics_path: str | None = None  # rank 0 appends every report here as JSON lines
     loader_timeout_s: float = 120.0  # longest wait for one batch from a loader worker (0: forever)
     collective_timeout_s: float = 600.0  # process-group timeout: a hung peer fails the trial after this
+    checkpoint_every_steps: int = 0  # measured steps between checkpoints (0: none); a crashed trial resumes from one
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:

@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import tempfile
 import time
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from trainables import contract, registry
-from trainables.contract import TrialConfig
+from trainables.contract import CHECKPOINT_FILE, TrialConfig
 from trainables.devinfo import device_facts
 from trainables.errors import DivergedError, WorkloadError
 from trainables.flops import peak_flops
@@ -150,10 +152,31 @@ def _flops_metrics(final: dict[str, Any], wl: Workload, cfg: TrialConfig, device
     return out
 
 
-def train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dict[str, str] | None = None) -> dict[str, Any]:
+def _save_state(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any, measured: int) -> None:
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scaler": scaler.state_dict() if scaler is not None else {}, "measured_steps": measured},
+               path / CHECKPOINT_FILE)
+
+
+def _load_state(path: str, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any, device: torch.device) -> int:
+    """Restore a checkpoint this loop wrote; tensors only (`weights_only`): nothing is unpickled."""
+    state = torch.load(Path(path) / CHECKPOINT_FILE, map_location=device, weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    if scaler is not None and state["scaler"]:
+        scaler.load_state_dict(state["scaler"])
+    return int(state["measured_steps"])
+
+
+def train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dict[str, str] | None = None,
+          resume_from: str | None = None) -> dict[str, Any]:
     """Train `cfg.num_warmup_steps + cfg.num_steps` steps and return the final report.
 
-    `facts` (strings, e.g. the launcher's node id) join rank 0's device facts in the final report."""
+    `facts` (strings, e.g. the launcher's node id) join rank 0's device facts in the final report.
+    With `cfg.checkpoint_every_steps`, every that many measured steps rank 0 saves model, optimizer
+    and scaler state and hands it to the reporter with that report; `resume_from` (a directory
+    holding such a checkpoint) continues from it: warm-up runs again (fresh process, cold caches),
+    then only the measured steps still missing, and throughput is measured over those alone."""
     loop_t0 = time.perf_counter()
     rank, world = _world()
     torch.set_num_threads(cfg.threads_per_worker)
@@ -172,6 +195,7 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dic
     ddp_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) if world > 1 else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, fused=device.type == "cuda")
     scaler = prec.make_scaler()
+    done_before = _load_state(resume_from, model, optimizer, scaler, device) if resume_from else 0
     pin = cfg.pin_memory and device.type == "cuda"
     if cfg.pin_memory and not pin and rank == 0:
         warnings.warn("pin_memory=True has no effect without CUDA; running unpinned", stacklevel=2)
@@ -208,14 +232,14 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dic
             contract.LOSS_TRAIN: train_loss,
             contract.STEP_TIME_MS: 1000.0 * max_elapsed / max(timer.steps, 1),
             contract.DATA_WAIT_PCT: 100.0 * wait_share / world,
-            contract.STEPS: timer.steps,
+            contract.STEPS: done_before + timer.steps,
             contract.WORLD_SIZE: world,
             contract.FINAL: 0,
         }
 
     model.train()
     try:
-        for step in range(cfg.num_warmup_steps + cfg.num_steps):
+        for step in range(cfg.num_warmup_steps + cfg.num_steps - done_before):
             if step == cfg.num_warmup_steps:
                 if step >= 2:  # warm-up long enough to time: report about every report_interval_s
                     (warm_step_s,) = _all_reduce([(timer._clock() - warm_t0) / (step - 1)], device, op="max")
@@ -245,7 +269,14 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dic
                 loss_sum += loss.detach().float()
                 loss_count += 1
                 timer.step_done()
-                if timer.steps % report_every == 0 and timer.steps < cfg.num_steps:
+                total = done_before + timer.steps
+                every = cfg.checkpoint_every_steps
+                if every and total % every == 0 and total < cfg.num_steps:  # same decision on every rank
+                    with tempfile.TemporaryDirectory(prefix="ckpt-") as tmp:
+                        if rank == 0:
+                            _save_state(Path(tmp), model, optimizer, scaler, total)
+                        reporter.report(window_metrics(), checkpoint_dir=tmp if rank == 0 else None)
+                elif timer.steps % report_every == 0 and total < cfg.num_steps:
                     reporter.report(window_metrics())
     except BaseException:  # stop loader workers now: a kept traceback would keep them registered
         _close_loader(loader, batches)
@@ -258,6 +289,8 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dic
         raise DivergedError(f"validation loss is {final[contract.LOSS_VAL]}")
     final.update(_flops_metrics(final, wl, cfg, device, world))
     final[contract.FINAL] = 1
+    if done_before:
+        final[contract.RESTORED_FROM] = done_before
     (final[contract.LOOP_S],) = _all_reduce([time.perf_counter() - loop_t0], device, op="max")
     if rank == 0:
         final.update(device_facts(device))

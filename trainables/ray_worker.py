@@ -15,10 +15,13 @@ from trainables.reporting import JsonlReporter, MultiReporter
 class RayTrainReporter:
     """`ray.train.report` from every rank (it is a barrier); Tune sees rank 0's dict."""
 
-    def report(self, metrics: dict[str, Any]) -> None:
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None = None) -> None:
         import ray.train
 
-        ray.train.report(metrics)
+        # Ray copies the checkpoint into the run's storage before returning (the loop then
+        # deletes its temp dir); CheckpointConfig(num_to_keep) bounds how many stay on disk.
+        checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
+        ray.train.report(metrics, checkpoint=checkpoint)
 
 
 def train_worker(config: dict[str, Any]) -> None:
@@ -32,4 +35,10 @@ def train_worker(config: dict[str, Any]) -> None:
     rank = ray.train.get_context().get_world_rank()
     reporter = MultiReporter(RayTrainReporter(), JsonlReporter(cfg.metrics_path, rank)) if cfg.metrics_path else RayTrainReporter()
     node = ray.get_runtime_context().get_node_id()
-    train(cfg, reporter, ray.train.torch.get_device(), facts={"device/ray_node_id": node})
+    device = ray.train.torch.get_device()
+    checkpoint = ray.train.get_checkpoint()  # set when this run restarts after a crash
+    if checkpoint is None:
+        train(cfg, reporter, device, facts={"device/ray_node_id": node})
+        return
+    with checkpoint.as_directory() as path:
+        train(cfg, reporter, device, facts={"device/ray_node_id": node}, resume_from=path)

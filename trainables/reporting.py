@@ -12,7 +12,9 @@ from typing import Any, Protocol
 
 
 class Reporter(Protocol):
-    def report(self, metrics: dict[str, Any]) -> None: ...
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None = None) -> None:
+        """Every rank calls this at the same points; `checkpoint_dir` (rank 0 only) holds a
+        checkpoint to keep, valid only during the call."""
 
 
 class JsonlReporter:
@@ -22,7 +24,7 @@ class JsonlReporter:
         self._path = path
         self._rank = rank
 
-    def report(self, metrics: dict[str, Any]) -> None:
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None = None) -> None:
         if self._rank != 0:
             return
         line = json.dumps(metrics, sort_keys=True)
@@ -38,15 +40,21 @@ class ListReporter:
 
     def __init__(self) -> None:
         self.reports: list[dict[str, Any]] = []
+        self.checkpoints: list[bytes] = []  # the checkpoint files handed over, in order
 
-    def report(self, metrics: dict[str, Any]) -> None:
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None = None) -> None:
         self.reports.append(dict(metrics))
+        if checkpoint_dir is not None:
+            from trainables.contract import CHECKPOINT_FILE
+
+            with open(f"{checkpoint_dir}/{CHECKPOINT_FILE}", "rb") as f:
+                self.checkpoints.append(f.read())
 
 
 class MultiReporter:
     def __init__(self, *reporters: Reporter) -> None:
         self._reporters = reporters
 
-    def report(self, metrics: dict[str, Any]) -> None:
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None = None) -> None:
         for r in self._reporters:
-            r.report(metrics)
+            r.report(metrics, checkpoint_dir)
