@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 import time
 import uuid
 from collections.abc import Callable
@@ -69,16 +70,20 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, storage_path: str) -> Non
     # Every attempt uses the same Train run name: Ray Train then hands a retried (or resumed) run
     # the last checkpoint the crashed attempt saved (budget.checkpoint_every_steps), if any.
     name = f"{spec.name}-{trial_id}"
-    for attempt in range(spec.budget.max_retries + 1):
-        trainer = make_trainer(cfg, spec.scaling, name, storage_path, callbacks=[TuneReportCallback()])
-        try:
-            trainer.fit()
-            return
-        except Exception as exc:  # noqa: BLE001 - every failure is classified; only transient ones retried
-            kind, reason = classify(exc)
-            if kind not in TRANSIENT_KINDS or attempt == spec.budget.max_retries:
-                raise TrialFailure(kind, reason) from None
-            logger.warning("trial %s attempt %d: %s (%s); retrying", trial_id, attempt + 1, kind, reason)
+    try:
+        for attempt in range(spec.budget.max_retries + 1):
+            trainer = make_trainer(cfg, spec.scaling, name, storage_path, callbacks=[TuneReportCallback()])
+            try:
+                trainer.fit()
+                return
+            except Exception as exc:  # noqa: BLE001 - every failure is classified; only transient ones retried
+                kind, reason = classify(exc)
+                if kind not in TRANSIENT_KINDS or attempt == spec.budget.max_retries:
+                    raise TrialFailure(kind, reason) from None
+                logger.warning("trial %s attempt %d: %s (%s); retrying", trial_id, attempt + 1, kind, reason)
+    finally:  # the trial is over (a killed driver never gets here: its checkpoints stay for resume)
+        for path in Path(storage_path, name).glob("checkpoint_*"):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 class _Breaker(tune.Stopper):

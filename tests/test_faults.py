@@ -105,8 +105,10 @@ def test_a_rank_crashing_once_resumes_from_the_last_checkpoint(ray_cluster: None
     [trial] = outcome.trials
     assert trial.status == "ok", trial.reason
     run = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(trial.run_id)
-    # rank 1 died at its 15th forward = measured step 13, after the checkpoint at step 10
-    assert run.data.metrics["progress/restored_from_step"] == 10 and run.data.metrics["progress/steps"] == 20
+    # Rank 1 died at its 15th forward = measured step 13. The retry resumes from the last checkpoint
+    # Ray Train's controller had registered by then: step 10, or 5 if the step-10 report was still
+    # in flight (the controller drains reports every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S).
+    assert run.data.metrics["progress/restored_from_step"] in (5, 10) and run.data.metrics["progress/steps"] == 20
     assert run.data.metrics["throughput/samples_per_s"] > 0 and "loss/val" in run.data.metrics
-    kept = list((tmp_path / "r" / "crash" / "trials").rglob("checkpoint_*"))
-    assert len([p for p in kept if p.is_dir()]) <= 1  # CheckpointConfig(num_to_keep=1): disk use bounded
+    # disk: only the latest checkpoint is kept while a trial runs, none once it is over
+    assert not [p for p in (tmp_path / "r" / "crash" / "trials").rglob("checkpoint_*") if p.is_dir()]
