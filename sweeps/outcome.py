@@ -7,6 +7,9 @@ from typing import Any
 
 from sweeps.spec import SweepSpec
 
+MEASURED = ("ok", "infeasible")  # ran to its final report: its figures are real (infeasible breaks a constraint)
+NOT_FAILED = (*MEASURED, "pruned", "stopped")  # ended early on purpose; nothing went wrong
+
 
 @dataclass
 class TrialRow:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sweeps.outcome import SweepOutcome, TrialRow
+from sweeps.outcome import MEASURED, SweepOutcome, TrialRow
 from trainables.contract import DATA_WAIT_PCT, LOSS_VAL, STEP_TIME_MS
 
-_MEASURED = ("ok", "infeasible")  # ran to the end: its figures are real (an infeasible one breaks a constraint)
 _COLUMNS = ("batch_size", "precision", "lr", "num_dataloader_workers", "pin_memory")
 _HEAD = {"batch_size": "batch", "precision": "precision", "lr": "lr", "num_dataloader_workers": "loaders", "pin_memory": "pin"}
 
@@ -31,8 +30,8 @@ def trials_table(outcome: SweepOutcome) -> str:
     def row(rank: str, t: TrialRow) -> list[str]:
         status = t.status if t.status == "ok" else f"{t.status}"
         return [rank, f"{t.number}:{t.trial_id}", status, *[_fmt(t.params.get(c)) for c in _COLUMNS],
-                _fmt(t.metrics.get(metric) if t.status in _MEASURED else None),
-                *[_fmt(t.metrics.get(m) if t.status in _MEASURED else None) for m in extra]]
+                _fmt(t.metrics.get(metric) if t.status in MEASURED else None),
+                *[_fmt(t.metrics.get(m) if t.status in MEASURED else None) for m in extra]]
 
     rows = [row(str(i + 1), t) for i, t in enumerate(ranked)] + [row("-", t) for t in rest]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
@@ -109,6 +108,7 @@ def load_outcome(client: Any, name_or_run_id: str) -> SweepOutcome:
     from mlflow.exceptions import MlflowException
 
     from sweeps.spec import parse_spec
+    from sweeps.tracking import child_runs
 
     parent = None
     try:
@@ -123,8 +123,7 @@ def load_outcome(client: Any, name_or_run_id: str) -> SweepOutcome:
     run_id = parent.info.run_id
     with open(client.download_artifacts(run_id, "spec.yaml")) as f:
         spec = parse_spec(f.read(), f"spec.yaml of run {run_id}")
-    children = client.search_runs([parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{run_id}'")
-    rows = rows_from_runs(children)
+    rows = rows_from_runs(child_runs(client, parent.info.experiment_id, run_id))
     elapsed = ((parent.info.end_time or parent.info.start_time) - parent.info.start_time) / 1000
     return SweepOutcome(spec, run_id, client.tracking_uri, rows, elapsed)
 

@@ -18,13 +18,13 @@ import ray
 from ray import tune
 
 from sweeps.failures import TRANSIENT_KINDS, TrialFailure, classify, failure_of, signature
-from sweeps.outcome import SweepOutcome, TrialRow
+from sweeps.outcome import MEASURED, NOT_FAILED, SweepOutcome, TrialRow
 from sweeps.report import rows_from_runs
 from sweeps.search import make_scheduler, make_searcher, record_oom, release, shared
 from sweeps.space import resolve_trial, trial_params
 from sweeps.spec import ScalingSpec, SpecError, SpecProblem, SweepSpec
-from sweeps.state import SweepState
-from sweeps.tracking import SweepTracker, check_reachable
+from sweeps.state import SweepState, experiment_dir
+from sweeps.tracking import SweepTracker
 from sweeps.verdict import verdict
 from trainables.contract import FINAL, STEPS, TrialConfig
 
@@ -189,11 +189,11 @@ class _SweepCallback(tune.Callback):
         row = self.rows[trial_id]
         row.status, row.reason = status, reason
         tags = {}
-        if status in ("ok", "infeasible"):
+        if status in MEASURED:
             v = verdict(row.metrics, row.params)
             row.verdict = str(v)
             tags = {"sweep.verdict": v.name, "sweep.verdict_reason": v.reason}
-        self.tracker.trial_ended(trial_id, status in ("ok", "infeasible", "pruned"), status, reason, tags)
+        self.tracker.trial_ended(trial_id, status in (*MEASURED, "pruned"), status, reason, tags)
         row.run_id = row.run_id or self.tracker.run_id(trial_id)
         self.echo(self._progress(row))
         self._count_failure(status, reason)
@@ -205,7 +205,7 @@ class _SweepCallback(tune.Callback):
 
     def _count_failure(self, status: str, reason: str) -> None:
         """Circuit breaker: the same error N times in a row will not fix itself (e.g. an ImportError)."""
-        if status in ("ok", "infeasible", "pruned", "stopped"):  # ran fine: not a failure
+        if status in NOT_FAILED:
             self._same_failures = []
             return
         limit = self.spec.budget.max_identical_failures
@@ -220,9 +220,9 @@ class _SweepCallback(tune.Callback):
     def _progress(self, row: TrialRow) -> str:
         rows = list(self.rows.values())
         done = [r for r in rows if r.status != "running"]
-        failed = [r for r in done if r.status not in ("ok", "infeasible", "pruned", "stopped")]
+        failed = [r for r in done if r.status not in NOT_FAILED]
         metric, mode = self.spec.objective.primary, self.spec.objective.primary_mode
-        if row.status in ("ok", "infeasible"):
+        if row.status in MEASURED:
             what = f"{metric}={row.metrics.get(metric, float('nan')):.4g} [{row.verdict.split(':')[0]}]"
             what += f" INFEASIBLE: {row.reason}" if row.status == "infeasible" else ""
         else:
@@ -243,8 +243,7 @@ class _SweepCallback(tune.Callback):
 
 def _concurrency_note(spec: SweepSpec, resources: dict[str, float]) -> str:
     """How many trials fit the cluster at once (all workers of a trial start together)."""
-    sc = spec.scaling
-    need = {"CPU": sc.num_workers * sc.cpus_per_worker, "GPU": sc.num_workers * sc.gpus_per_worker}
+    need = spec.scaling.per_trial()
     fits = min(int(resources.get(k, 0) // v) for k, v in need.items() if v > 0)
     asked = spec.budget.max_concurrent_trials
     note = f"cluster fits {fits} trial(s) at once ({need['CPU']} CPU, {need['GPU']:g} GPU each); running {asked}"
@@ -257,15 +256,15 @@ def _concurrency_note(spec: SweepSpec, resources: dict[str, float]) -> str:
 
 def refuse_if_never_fits(spec: SweepSpec, resources: dict[str, float]) -> None:
     """On a fixed cluster (a local one), a trial that needs more than there is would wait forever."""
-    sc = spec.scaling
+    sc, need = spec.scaling, spec.scaling.per_trial()
     problems = []
     have_cpu, have_gpu = resources.get("CPU", 0), resources.get("GPU", 0)
-    if sc.num_workers * sc.cpus_per_worker > have_cpu:
+    if need["CPU"] > have_cpu:
         problems.append(SpecProblem("scaling", f"a trial needs num_workers x cpus_per_worker = {sc.num_workers} x "
                                     f"{sc.cpus_per_worker} CPUs but this cluster has {have_cpu:g}; lower them or "
                                     "run on a bigger cluster (ray job submit)"))
-    if sc.num_workers * sc.gpus_per_worker > have_gpu:
-        problems.append(SpecProblem("scaling", f"a trial needs {sc.num_workers * sc.gpus_per_worker:g} GPUs but this "
+    if need["GPU"] > have_gpu:
+        problems.append(SpecProblem("scaling", f"a trial needs {need['GPU']:g} GPUs but this "
                                     f"cluster has {have_gpu:g}; set use_gpu: false or run where GPUs are"))
     if problems:
         raise SpecError(f"sweep {spec.name}", problems)
@@ -298,15 +297,17 @@ def run_sweep(spec: SweepSpec, spec_text: str, echo: Callable[[str], None] = ech
     """Run the sweep on the Ray cluster `ray.init()` finds (or a new local one). A sweep of the
     same name and spec already in `storage_path` is resumed; another spec under that name is
     refused (`SweepExists`); `restart` moves the old one aside and starts afresh."""
-    check_reachable(spec.tracking.resolved_uri())  # before Ray starts: a dead store fails in seconds
     state = SweepState.find(spec, spec_text, restart=restart, echo=echo)
+    # Before Ray starts: a dead MLflow server fails here, in seconds (SweepTracker checks it).
+    tracker = SweepTracker(spec.tracking.resolved_uri(), spec.tracking.experiment or spec.name,
+                           experiment_dir(spec) / "mlflow-pending.jsonl")
     started_ray = not ray.is_initialized()
     if started_ray:
         ray.init(runtime_env=_local_runtime_env())
     try:
         if started_ray:  # this machine is the whole cluster: no autoscaler will bring more
             refuse_if_never_fits(spec, ray.cluster_resources())
-        return _run(spec, spec_text, echo, state)
+        return _run(spec, spec_text, echo, state, tracker)
     finally:
         if started_ray:
             ray.shutdown()
@@ -317,18 +318,17 @@ def run_sweep(spec: SweepSpec, spec_text: str, echo: Callable[[str], None] = ech
 _STATE_PERIOD_S = "2"
 
 
-def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: SweepState | None) -> SweepOutcome:
+def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: SweepState | None,
+         tracker: SweepTracker) -> SweepOutcome:
     t0 = time.monotonic()
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", _STATE_PERIOD_S)
     # Progress reports carry throughput but not validation loss, which only the final report has;
     # Tune would otherwise refuse the first report of a sweep whose objective is loss/val.
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
-    uri = spec.tracking.resolved_uri()
-    storage = str(Path(spec.storage_path).resolve())
-    exp_dir = Path(storage) / spec.name
-    tracker = SweepTracker(uri, spec.tracking.experiment or spec.name, exp_dir / "mlflow-pending.jsonl")
+    uri = tracker.uri
+    exp_dir = experiment_dir(spec)
     trainable = tune.with_resources(
-        tune.with_parameters(run_trial, spec=spec, storage_path=f"{storage}/{spec.name}/trials"), _DRIVER_RESOURCES)
+        tune.with_parameters(run_trial, spec=spec, storage_path=str(exp_dir / "trials")), _DRIVER_RESOURCES)
     if state is not None:  # resume: the same parent and child runs, the searcher's state, finished trials
         token, parent = state.token, state.parent_run_id
         rows = rows_from_runs(tracker.resume_sweep(parent))
@@ -358,7 +358,7 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
                 max_concurrent_trials=spec.budget.max_concurrent_trials,
                 time_budget_s=spec.budget.time_budget_s,
             ),
-            run_config=tune.RunConfig(name=spec.name, storage_path=storage, callbacks=[callback], verbose=0,
+            run_config=tune.RunConfig(name=spec.name, storage_path=str(exp_dir.parent), callbacks=[callback], verbose=0,
                                       stop=_Breaker(token)),
         )
     ok = False

@@ -378,6 +378,10 @@ class ScalingSpec(BaseModel):
     cpus_per_worker: int = Field(default=1, ge=1)
     gpus_per_worker: float = Field(default=0.0, ge=0)
 
+    def per_trial(self) -> dict[str, float]:
+        """What one trial holds at once: all its workers start together."""
+        return {"CPU": self.num_workers * self.cpus_per_worker, "GPU": self.num_workers * self.gpus_per_worker}
+
     @model_validator(mode="after")
     def _gpus(self) -> ScalingSpec:
         if self.use_gpu and self.gpus_per_worker == 0:

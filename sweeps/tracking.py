@@ -53,6 +53,11 @@ def _artifact_location(uri: str, experiment: str) -> str | None:
     return (db.parent / "mlartifacts" / experiment).as_uri()
 
 
+def child_runs(client: MlflowClient, experiment_id: str, parent_id: str) -> list[Any]:
+    """A sweep's trial runs: the children of its parent run (each tagged `sweep.trial_id`)."""
+    return list(client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{parent_id}'", max_results=50_000))
+
+
 class TrackingUnavailable(ValueError):
     """The MLflow tracking store cannot be reached when the sweep starts."""
 
@@ -167,15 +172,14 @@ class SweepTracker:
         resumed = int(parent.data.tags.get("sweep.resumed", "0")) + 1
         self.client.set_tag(parent_id, "sweep.resumed", str(resumed))
         self.client.update_run(parent_id, status="RUNNING")
-        children = self.client.search_runs([self.experiment_id], f"tags.`mlflow.parentRunId` = '{parent_id}'",
-                                           max_results=50_000)
+        children = child_runs(self.client, self.experiment_id, parent_id)
         for child in children:
             trial_id = child.data.tags.get("sweep.trial_id")
             if trial_id in self._children:
                 logger.warning("two MLflow runs claim trial %s: %s and %s", trial_id, self._children[trial_id], child.info.run_id)
             elif trial_id:
                 self._children[trial_id] = child.info.run_id
-        return list(children)
+        return children
 
     def start_trial(self, trial_id: str, number: int, params: dict[str, Any]) -> str:
         assert self.parent_id is not None, "start_sweep() first"

@@ -42,7 +42,7 @@ def test_image_cnn_loss_falls_and_metrics_are_reported(data_dir: Path) -> None:
     assert final[contract.throughput_key("samples")] > 0
     assert 0 <= final[contract.DATA_WAIT_PCT] <= 100
     assert final[contract.STEPS] == 24 and final["device/type"] == "cpu"
-    assert len(list(Path(data_dir).glob("image-cnn-*/train/*.png"))) == 256  # real files on disk
+    assert len(list(Path(data_dir).glob("image-cnn-*-s16-n256-64-seed0/train/*.png"))) == 256  # real files on disk (this config)
 
 
 def test_same_seed_same_loss_and_other_seed_differs(data_dir: Path) -> None:

@@ -242,13 +242,13 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dic
         for step in range(cfg.num_warmup_steps + cfg.num_steps - done_before):
             if step == cfg.num_warmup_steps:
                 if step >= 2:  # warm-up long enough to time: report about every report_interval_s
-                    (warm_step_s,) = _all_reduce([(timer._clock() - warm_t0) / (step - 1)], device, op="max")
+                    (warm_step_s,) = _all_reduce([(timer.now() - warm_t0) / (step - 1)], device, op="max")
                     report_every = max(1, int(cfg.report_interval_s / max(warm_step_s, 1e-9)))
                 timer.start()
                 if telemetry is not None:
                     telemetry.start()
             elif step == 1:
-                warm_t0 = timer._clock()  # step 0 (allocations, loader start-up) is not representative
+                warm_t0 = timer.now()  # step 0 (allocations, loader start-up) is not representative
             with timer.data_wait():
                 batch = next(batches)
             with telemetry.h2d_copy(timer.measuring) if telemetry is not None else contextlib.nullcontext():

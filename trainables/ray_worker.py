@@ -6,6 +6,7 @@ under plain `torchrun` on machines without Ray.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from trainables.contract import TrialConfig
@@ -37,8 +38,5 @@ def train_worker(config: dict[str, Any]) -> None:
     node = ray.get_runtime_context().get_node_id()
     device = ray.train.torch.get_device()
     checkpoint = ray.train.get_checkpoint()  # set when this run restarts after a crash
-    if checkpoint is None:
-        train(cfg, reporter, device, facts={"device/ray_node_id": node})
-        return
-    with checkpoint.as_directory() as path:
+    with checkpoint.as_directory() if checkpoint is not None else contextlib.nullcontext(None) as path:
         train(cfg, reporter, device, facts={"device/ray_node_id": node}, resume_from=path)

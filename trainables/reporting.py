@@ -10,6 +10,8 @@ import json
 import sys
 from typing import Any, Protocol
 
+from trainables.contract import CHECKPOINT_FILE
+
 
 class Reporter(Protocol):
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None = None) -> None:
@@ -45,8 +47,6 @@ class ListReporter:
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None = None) -> None:
         self.reports.append(dict(metrics))
         if checkpoint_dir is not None:
-            from trainables.contract import CHECKPOINT_FILE
-
             with open(f"{checkpoint_dir}/{CHECKPOINT_FILE}", "rb") as f:
                 self.checkpoints.append(f.read())
 

@@ -214,7 +214,7 @@ class Sampler:
             return [f for _, f in self.samples[since:]]
 
 
-def summarize(samples: list[dict[str, float]], device: Any = None) -> dict[str, float]:
+def summarize(samples: list[dict[str, float]]) -> dict[str, float]:
     """One rank's summary of a window of samples; fields never sampled stay absent."""
 
     def values(key: str) -> list[float]:

@@ -25,6 +25,10 @@ class StepTimer:
         self.data_wait_s = 0.0
         self.steps = 0
 
+    def now(self) -> float:
+        """The timer's clock (host time; no device sync)."""
+        return self._clock()
+
     @property
     def measuring(self) -> bool:
         return self._t0 is not None
