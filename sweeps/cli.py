@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
 from typing import Any
 
 from sweeps.spec import SpecError, load_spec
+
+# Exit codes: 0 a best configuration was found, 1 no trial finished, 2 bad spec or name clash,
+# 3 the tracking server is unreachable, 4 the sweep stopped before its end and can be resumed.
+EXIT_UNFINISHED = 4
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -44,7 +49,17 @@ def _run(args: argparse.Namespace) -> int:
     except (SweepExists, SpecError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    _print_outcome(outcome, f"\nSweep {spec.name} finished in {outcome.elapsed_s:.0f}s")
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        print(f"error: the disk is full ({exc.strerror}: {exc.filename or 'writing the sweep state'}). Free space "
+              f"there (old sweeps under {spec.storage_path}, Ray's logs under /tmp/ray), then: "
+              f"sweeps resume {spec.name} --storage-path {spec.storage_path}", file=sys.stderr)
+        return EXIT_UNFINISHED
+    ended = "stopped before its end after" if outcome.interrupted else "finished in"
+    _print_outcome(outcome, f"\nSweep {spec.name} {ended} {outcome.elapsed_s:.0f}s")
+    if outcome.interrupted:
+        return EXIT_UNFINISHED
     return 0 if outcome.best is not None else 1
 
 
@@ -57,6 +72,9 @@ def _print_outcome(outcome: Any, title: str) -> None:
     print(trials_table(outcome))
     if outcome.stopped_reason:
         print(f"\nSTOPPED EARLY: {outcome.stopped_reason}; {spec.budget.num_trials - len(outcome.trials)} trials not run")
+    if outcome.interrupted:
+        print(f"\nNOT FINISHED: {outcome.interrupted}. Finished trials are kept; continue with: "
+              f"sweeps resume {spec.name} --storage-path {spec.storage_path}")
     if spec.objective.multi:
         print("\n" + pareto_table(outcome))
     print(f"\nBest configuration{' by ' + spec.objective.primary if spec.objective.multi else ''}:\n" + best_fragment(outcome))

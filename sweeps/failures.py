@@ -1,24 +1,39 @@
 """Classify why a trial failed, from the exceptions its workers raised.
 
 Kinds: ``unsupported`` (hardware cannot run the config), ``oom`` (device or host memory),
-``diverged`` (NaN/inf loss), ``crash`` (a worker process died), ``error`` (anything else).
+``diverged`` (NaN/inf loss), ``disk_full`` (ENOSPC / quota), ``config`` (bad workload params),
+``dataloader`` (a loader worker died or hung), ``crash`` (a worker process died), ``error``
+(anything else).
 """
 
 from __future__ import annotations
 
+import errno
 import re
 from collections.abc import Iterator
 
 from trainables.errors import DivergedError, UnsupportedError, WorkloadError
 
-KINDS: tuple[str, ...] = ("unsupported", "oom", "diverged", "config", "dataloader", "crash", "error")  # crash: transient
+KINDS: tuple[str, ...] = ("unsupported", "oom", "diverged", "disk_full", "config", "dataloader", "crash", "error")
 _LOADER_HINT = (" — a dataloader worker died or hung: give the container more shared memory (docker --shm-size, "
                 "/dev/shm), lower num_dataloader_workers or prefetch_factor, or check the dataset's __getitem__")
 _OOM_NAMES = {"OutOfMemoryError", "MemoryError"}  # torch.OutOfMemoryError, ray's, Python's
 # A worker process or its node went away: transient, worth one more attempt elsewhere.
 _CRASH_NAMES = {"ActorDiedError", "RayActorError", "WorkerCrashedError", "ActorUnavailableError", "NodeDiedError",
                 "WorkerHealthCheckFailedError", "WorkerHealthCheckTimeoutError", "ActorPlacementGroupRemoved"}
-TRANSIENT_KINDS = ("crash",)
+TRANSIENT_KINDS = ("crash",)  # retried in place (from the trial's last checkpoint)
+# Say nothing about the configuration and would hit every trial that follows: the sweep halts,
+# keeping this trial (and its checkpoint) to run again when it is resumed.
+HALT_KINDS = ("disk_full",)
+_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
+_DISK_HINT = (" — the disk is full: free space on it (old sweeps under storage_path, Ray's session logs under "
+              "/tmp/ray) or move storage_path to a bigger disk")
+_HINTS = {"dataloader": _LOADER_HINT, "disk_full": _DISK_HINT}
+
+
+def _disk_full(e: BaseException) -> bool:
+    text = str(e)
+    return getattr(e, "errno", None) in _DISK_ERRNOS or "No space left on device" in text or "Disk quota exceeded" in text
 
 
 class TrialFailure(RuntimeError):
@@ -58,6 +73,7 @@ def classify(exc: BaseException) -> tuple[str, str]:
         ("config", lambda e: isinstance(e, WorkloadError)),
         ("oom", lambda e: type(e).__name__ in _OOM_NAMES),
         ("diverged", lambda e: isinstance(e, DivergedError)),
+        ("disk_full", _disk_full),
         ("dataloader", lambda e: "DataLoader worker" in str(e) or "DataLoader timed out" in str(e)),
         ("crash", lambda e: type(e).__name__ in _CRASH_NAMES),
     )
@@ -65,7 +81,7 @@ def classify(exc: BaseException) -> tuple[str, str]:
         for rank, e in leaves:
             if match(e):
                 where = f"rank {rank}: " if rank is not None else ""
-                return kind, f"{where}{type(e).__name__}: {_first_line(e)}" + (_LOADER_HINT if kind == "dataloader" else "")
+                return kind, f"{where}{type(e).__name__}: {_first_line(e)}" + _HINTS.get(kind, "")
     rank, e = leaves[-1] if len(leaves) > 1 and leaves[0][0] is not None else leaves[0]
     where = f"rank {rank}: " if rank is not None else ""
     return "error", f"{where}{type(e).__name__}: {_first_line(e)}"

@@ -9,6 +9,7 @@ from sweeps.spec import SweepSpec
 
 MEASURED = ("ok", "infeasible")  # ran to its final report: its figures are real (infeasible breaks a constraint)
 NOT_FAILED = (*MEASURED, "pruned", "stopped")  # ended early on purpose; nothing went wrong
+UNFINISHED = ("running", "interrupted")  # a resumed sweep runs these (again)
 
 
 @dataclass
@@ -42,6 +43,7 @@ class SweepOutcome:
     trials: list[TrialRow]
     elapsed_s: float
     stopped_reason: str = ""  # set when the circuit breaker stopped the sweep early
+    interrupted: str = ""  # set when the sweep stopped before its end and can be resumed (why)
 
     def ranked(self) -> list[TrialRow]:
         """Finished, feasible trials, best first by the (first) objective; failed ones never rank."""

@@ -125,7 +125,9 @@ def load_outcome(client: Any, name_or_run_id: str) -> SweepOutcome:
         spec = parse_spec(f.read(), f"spec.yaml of run {run_id}")
     rows = rows_from_runs(child_runs(client, parent.info.experiment_id, run_id))
     elapsed = ((parent.info.end_time or parent.info.start_time) - parent.info.start_time) / 1000
-    return SweepOutcome(spec, run_id, client.tracking_uri, rows, elapsed)
+    tags = parent.data.tags
+    return SweepOutcome(spec, run_id, client.tracking_uri, rows, elapsed, tags.get("sweep.stopped", ""),
+                        tags.get("sweep.interrupted", ""))
 
 
 def to_json(outcome: SweepOutcome) -> dict[str, Any]:
@@ -133,6 +135,8 @@ def to_json(outcome: SweepOutcome) -> dict[str, Any]:
     return {
         "sweep": outcome.spec.name,
         "parent_run_id": outcome.parent_run_id,
+        "stopped_early": outcome.stopped_reason or None,
+        "interrupted": outcome.interrupted or None,
         "objective": {"metric": outcome.spec.objective.metric, "mode": outcome.spec.objective.mode,
                       "constraints": [str(c) for c in outcome.spec.objective.constraints]},
         "pareto": pareto_records(outcome),

@@ -7,6 +7,7 @@ import logging
 import math
 import os
 import shutil
+import signal
 import time
 import uuid
 from collections.abc import Callable
@@ -17,8 +18,8 @@ import cloudpickle
 import ray
 from ray import tune
 
-from sweeps.failures import TRANSIENT_KINDS, TrialFailure, classify, failure_of, signature
-from sweeps.outcome import MEASURED, NOT_FAILED, SweepOutcome, TrialRow
+from sweeps.failures import HALT_KINDS, TRANSIENT_KINDS, TrialFailure, classify, failure_of, signature
+from sweeps.outcome import MEASURED, NOT_FAILED, UNFINISHED, SweepOutcome, TrialRow
 from sweeps.report import rows_from_runs
 from sweeps.search import make_scheduler, make_searcher, record_oom, release, shared
 from sweeps.space import resolve_trial, trial_params
@@ -61,6 +62,11 @@ def make_trainer(cfg: TrialConfig, scaling: ScalingSpec, name: str, storage_path
     )
 
 
+# A trial's report that asks the driver to halt the sweep (a string: Tune keeps it, MLflow does not).
+HALT_KEY = "sweep_halt"
+_HALT_WAIT_S = 300.0
+
+
 def run_trial(config: dict[str, Any], spec: SweepSpec, storage_path: str) -> None:
     """One Tune trial: a Ray Train run of the shared loop with the sampled config."""
     from ray.tune.integration.ray_train import TuneReportCallback
@@ -70,6 +76,7 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, storage_path: str) -> Non
     # Every attempt uses the same Train run name: Ray Train then hands a retried (or resumed) run
     # the last checkpoint the crashed attempt saved (budget.checkpoint_every_steps), if any.
     name = f"{spec.name}-{trial_id}"
+    over = True
     try:
         for attempt in range(spec.budget.max_retries + 1):
             trainer = make_trainer(cfg, spec.scaling, name, storage_path, callbacks=[TuneReportCallback()])
@@ -78,11 +85,18 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, storage_path: str) -> Non
                 return
             except Exception as exc:  # noqa: BLE001 - every failure is classified; only transient ones retried
                 kind, reason = classify(exc)
+                if kind in HALT_KINDS:
+                    # Not this configuration's fault, and the next trial would hit it too: ask the driver
+                    # to halt the sweep; it stops this trial unfinished, to run again on resume.
+                    over = False
+                    tune.report({HALT_KEY: f"{kind}: {reason}"})
+                    time.sleep(_HALT_WAIT_S)
+                    over = True  # the driver did not halt (it cannot outside its main thread): fail
                 if kind not in TRANSIENT_KINDS or attempt == spec.budget.max_retries:
                     raise TrialFailure(kind, reason) from None
                 logger.warning("trial %s attempt %d: %s (%s); retrying", trial_id, attempt + 1, kind, reason)
-    finally:  # the trial is over (a killed driver never gets here: its checkpoints stay for resume)
-        for path in Path(storage_path, name).glob("checkpoint_*"):
+    finally:  # the trial is over: its checkpoints go (a halted or killed sweep keeps them for resume)
+        for path in Path(storage_path, name).glob("checkpoint_*") if over else ():
             shutil.rmtree(path, ignore_errors=True)
 
 
@@ -129,6 +143,9 @@ class _SweepCallback(tune.Callback):
         self.rows: dict[str, TrialRow] = {r.trial_id: r for r in rows or []}
         self.t0 = time.monotonic()
         self._same_failures: list[tuple[str, str]] = []
+        self._started: set[str] = set()  # by this driver; Tune ends each one unless it stops early
+        self._ended: set[str] = set()
+        self.halted = ""  # why a trial asked to halt the sweep (HALT_KINDS)
         for row in self.rows.values():  # a resumed sweep keeps what it learnt about memory
             if row.status == "oom":
                 record_oom(token, {**spec.space.fixed(), **row.params})
@@ -148,6 +165,7 @@ class _SweepCallback(tune.Callback):
             row = TrialRow(trial.trial_id, max((r.number for r in self.rows.values()), default=0) + 1, params)
             self.rows[trial.trial_id] = row
         row.status, row.reason = "running", ""  # a resumed trial starts over in the same MLflow run
+        self._started.add(trial.trial_id)
         self.tracker.trial_started(trial.trial_id, row.number, params)
         row.run_id = self.tracker.run_id(trial.trial_id)
         shown = ", ".join(f"{k}={v}" for k, v in trial.config.items())
@@ -155,8 +173,25 @@ class _SweepCallback(tune.Callback):
 
     def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any) -> None:
         row = self.rows[trial.trial_id]
+        if result.get(HALT_KEY):
+            self._halt(row, str(result[HALT_KEY]))
+            return
         row.metrics.update({k: v for k, v in result.items() if "/" in k})
         self.tracker.trial_result(trial.trial_id, result, step=int(result.get(STEPS, iteration)))
+
+    def _halt(self, row: TrialRow, why: str) -> None:
+        row.reason = why
+        if self.halted:
+            return
+        self.halted = f"trial {row.number} {why}"
+        self.echo(f"HALTING the sweep: trial {row.number} {why}. Finished trials are kept; trials still running "
+                  "run again when the sweep is resumed.")
+        if not _interrupt_tune():  # not Tune's main thread: stop every trial instead (they end as stopped)
+            shared(self.token).tripped = f"halted: {self.halted}"
+
+    def unfinished(self) -> set[str]:
+        """Trials this driver started that Tune never ended: it stopped early (a halt, Ctrl+C)."""
+        return self._started - self._ended
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         row = self.rows[trial.trial_id]
@@ -186,6 +221,7 @@ class _SweepCallback(tune.Callback):
         self._finish(trial.trial_id, kind, reason)
 
     def _finish(self, trial_id: str, status: str, reason: str) -> None:
+        self._ended.add(trial_id)
         row = self.rows[trial_id]
         row.status, row.reason = status, reason
         tags = {}
@@ -219,7 +255,7 @@ class _SweepCallback(tune.Callback):
 
     def _progress(self, row: TrialRow) -> str:
         rows = list(self.rows.values())
-        done = [r for r in rows if r.status != "running"]
+        done = [r for r in rows if r.status not in UNFINISHED]
         failed = [r for r in done if r.status not in NOT_FAILED]
         metric, mode = self.spec.objective.primary, self.spec.objective.primary_mode
         if row.status in MEASURED:
@@ -239,6 +275,17 @@ class _SweepCallback(tune.Callback):
             f"[trial {row.number}/{total}] {what} | done {len(done)}/{total}, running {len(rows) - len(done)}, "
             f"failed {len(failed)}{best} | elapsed {elapsed:.0f}s, ETA {eta:.0f}s"
         )
+
+
+def _interrupt_tune() -> bool:
+    """End the Tune run as Ctrl+C does: Tune saves its state with the running trials unfinished,
+    and `Tuner.restore` runs them again. Tune installs that handler (for SIGINT and SIGUSR1) only
+    when it runs in the main thread."""
+    handler = signal.getsignal(signal.SIGUSR1)
+    if getattr(handler, "__name__", "") != "signal_interrupt_tune_run":
+        return False
+    signal.raise_signal(signal.SIGUSR1)
+    return True
 
 
 def _concurrency_note(spec: SweepSpec, resources: dict[str, float]) -> str:
@@ -333,7 +380,7 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
         token, parent = state.token, state.parent_run_id
         rows = rows_from_runs(tracker.resume_sweep(parent))
         callback = _SweepCallback(spec, tracker, echo, token, rows)
-        done = sum(r.status != "running" for r in rows)
+        done = sum(r.status not in UNFINISHED for r in rows)
         echo(f"resuming sweep {spec.name} from {exp_dir}: {done} of {spec.budget.num_trials} trials already ended; "
              f"MLflow parent run {parent}")
         tuner = tune.Tuner.restore(str(exp_dir), trainable=trainable, resume_unfinished=True, resume_errored=False)
@@ -369,18 +416,26 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
         _LIVE.pop(token, None)
         tripped = shared(token).tripped
         release(token)
-        if ok:  # trials Tune never recorded (the driver died between starting one and saving its state)
-            for row in callback.rows.values():
-                if row.status == "running":
-                    row.status, row.reason = "lost", "the sweep driver died before Tune recorded this trial; another ran in its place"
-                    tracker.trial_ended(row.trial_id, False, row.status, row.reason, {})
+        # Tune stopped early (a halt, Ctrl+C) and kept its unfinished trials for resume; or it failed.
+        interrupted = "" if ok and not callback.unfinished() else (
+            f"halted: {callback.halted}" if callback.halted else "the sweep was interrupted before it finished")
+        for row in callback.rows.values():
+            if row.status not in UNFINISHED:
+                continue
+            if interrupted:
+                row.status, row.reason = "interrupted", row.reason or interrupted
+            else:  # Tune never recorded it (the driver died between starting it and saving its state)
+                row.status, row.reason = "lost", "the sweep driver died before Tune recorded this trial; another ran in its place"
+            tracker.trial_ended(row.trial_id, False, row.status, row.reason, {})
         outcome = SweepOutcome(spec, parent, uri, sorted(callback.rows.values(), key=lambda r: r.number),
-                               time.monotonic() - t0, tripped)
+                               time.monotonic() - t0, tripped, interrupted)
         best = outcome.best
         metrics = {spec.objective.primary: float(best.metrics[spec.objective.primary])} if best else {}
         tags = {"sweep.trials_ok": str(len(outcome.ranked())), "sweep.trials_total": str(len(outcome.trials))}
         if tripped:
             tags["sweep.stopped"] = tripped[:5000]
+        if interrupted:
+            tags["sweep.interrupted"] = interrupted[:5000]
         if best is not None and best.run_id:
             tags["sweep.best_run_id"] = best.run_id
         if not tracker.flush():
@@ -389,11 +444,12 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
                  f"calls were not logged and are saved in {path}")
             tags["sweep.tracking"] = f"degraded: {len(tracker.pending)} calls saved in {path}"
         try:
-            tracker.end_sweep(ok, metrics, tags)
+            tracker.end_sweep("KILLED" if interrupted else "FINISHED", metrics, tags)
         except Exception as exc:  # noqa: BLE001 - the trials are done; say what was not recorded
             echo(f"WARNING: could not close the MLflow parent run ({type(exc).__name__}: {exc})")
-        if not ok:
-            echo(f"the sweep was interrupted; continue it with: sweeps resume {spec.name} --storage-path {spec.storage_path}")
+        if interrupted:
+            echo(f"the sweep did not finish ({interrupted}); continue it with: "
+                 f"sweeps resume {spec.name} --storage-path {spec.storage_path}")
         if outcome.trials and not tracker.pending:
             _publish_report(outcome, tracker, echo)
     return outcome

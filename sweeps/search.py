@@ -17,6 +17,7 @@ they share live state through `shared(token)` rather than through references.
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,7 +118,9 @@ class SweepSearch(OptunaSearch):
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         # The base class indexes result[metric]: intermediate reports may lack the objective.
         if isinstance(self.metric, str) and self.metric in result:
-            super().on_trial_result(trial_id, result)
+            with warnings.catch_warnings():  # a trial run again after a resume reports its first steps again
+                warnings.filterwarnings("ignore", message="The reported value is ignored because", category=UserWarning)
+                super().on_trial_result(trial_id, result)
 
     def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
         if trial_id in self._completed_trials or trial_id not in self._ot_trials:

@@ -217,9 +217,10 @@ class SweepTracker:
         self.client.set_tag(run_id, "sweep.status", kind)
         if reason:
             self.client.set_tag(run_id, "sweep.failure_reason", reason[:_MAX_PARAM_LEN])
-        self.client.set_terminated(run_id, "FINISHED" if ok else "FAILED")
+        self.client.set_terminated(run_id, "FINISHED" if ok else "KILLED" if kind == "interrupted" else "FAILED")
 
-    def end_sweep(self, ok: bool, metrics: dict[str, float], tags: dict[str, str]) -> None:
+    def end_sweep(self, status: str, metrics: dict[str, float], tags: dict[str, str]) -> None:
+        """Close the parent run: FINISHED, or KILLED when the sweep stopped early and can be resumed."""
         assert self.parent_id is not None
         now = int(time.time() * 1000)
         self.client.log_batch(
@@ -227,7 +228,7 @@ class SweepTracker:
             metrics=[Metric(k, v, now, 0) for k, v in metrics.items() if is_metric(k, v)],
             tags=[RunTag(k, v) for k, v in tags.items()],
         )
-        self.client.set_terminated(self.parent_id, "FINISHED" if ok else "FAILED")
+        self.client.set_terminated(self.parent_id, status)
 
 
 def ui_hint(uri: str) -> str:

@@ -112,3 +112,30 @@ def crash_once(params: dict[str, Any], ctx: BuildContext) -> Workload:
     workload = build("mlp-tabular", {"num_train_rows": 1024, "num_val_rows": 256}, ctx)
     workload.model = _CrashOnce(workload.model, ctx.rank, at=15, marker=str(params["marker"]))
     return workload
+
+
+class _DiskFullWhile(nn.Module):
+    """Rank 0's `at`-th forward writes to /dev/full while the file `flag` exists: the kernel answers
+    ENOSPC, as it does to any write on a full disk (a cache, a log, a checkpoint)."""
+
+    def __init__(self, inner: nn.Module, rank: int, at: int, flag: str) -> None:
+        super().__init__()
+        self.inner, self.rank, self.at, self.flag, self.calls = inner, rank, at, flag, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.rank == 0 and self.calls == self.at and os.path.exists(self.flag):
+            fd = os.open("/dev/full", os.O_WRONLY)
+            try:
+                os.write(fd, b"\0" * 4096)
+            finally:
+                os.close(fd)
+        return self.inner(x)  # type: ignore[no-any-return]
+
+
+def disk_full_while(params: dict[str, Any], ctx: BuildContext) -> Workload:
+    """mlp-tabular whose rank 0 hits a full disk at its 15th forward (after the checkpoint at measured
+    step 10) for as long as the file `params["flag"]` exists."""
+    workload = build("mlp-tabular", {"num_train_rows": 1024, "num_val_rows": 256}, ctx)
+    workload.model = _DiskFullWhile(workload.model, ctx.rank, at=15, flag=str(params["flag"]))
+    return workload

@@ -27,6 +27,10 @@ class FakeWorkerGroupError(RuntimeError):
         ({1: OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")}, "oom", "rank 1: OutOfMemoryError: CUDA out of memory"),
         ({0: DivergedError("training loss became nan")}, "diverged", "rank 0: DivergedError"),
         ({0: ValueError("boom\nlong traceback")}, "error", "rank 0: ValueError: boom"),
+        ({0: OSError(28, "No space left on device")}, "disk_full", "rank 0: OSError: [Errno 28] No space left on device"),
+        ({1: OSError(122, "Disk quota exceeded")}, "disk_full", "rank 1: OSError: [Errno 122] Disk quota exceeded"),
+        # an error that says so only in its message (no errno), e.g. from a storage library
+        ({0: OSError("Failed to write file: No space left on device")}, "disk_full", "rank 0: OSError: Failed"),
     ],
 )
 def test_classify_worker_group_errors(failures: dict[int, BaseException], kind: str, reason: str) -> None:

@@ -4,6 +4,7 @@ running."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -75,6 +76,23 @@ def test_hung_ddp_peer_times_out_and_leaves_no_process(tmp_path: Path) -> None:
     assert ranks and not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in ranks)
 
 
+def test_a_rank_crashing_once_under_torchrun_resumes_from_the_last_checkpoint(tmp_path: Path) -> None:
+    # Without Ray: torchrun restarts the worker group once; the launcher resumes it from the
+    # checkpoint it kept in --checkpoint-dir (rank 1 dies at measured step 13, after the one at 10).
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+           "-m", "trainables.launch", "--workload", "tests.faulty:crash_once",
+           "--params", json.dumps({"marker": str(tmp_path / "crashed")}), "--num-steps", "20", "--num-warmup-steps", "2",
+           "--batch-size", "16", "--checkpoint-every-steps", "5", "--checkpoint-dir", str(tmp_path / "ckpt"),
+           "--metrics-path", str(tmp_path / "m.jsonl")]
+    done = subprocess.run(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "crashed").exists()  # the fault fired
+    final = [r for r in map(json.loads, (tmp_path / "m.jsonl").read_text().splitlines()) if r.get("progress/final") == 1]
+    assert len(final) == 1 and final[0]["progress/restored_from_step"] == 10 and final[0]["progress/steps"] == 20
+    assert not list((tmp_path / "ckpt").iterdir())  # a finished run leaves no checkpoint behind
+
+
 def test_checkpoint_round_trip_in_one_process(tmp_path: Path, data_dir: Path) -> None:
     from trainables import contract
 
@@ -112,3 +130,60 @@ def test_a_rank_crashing_once_resumes_from_the_last_checkpoint(ray_cluster: None
     assert run.data.metrics["throughput/samples_per_s"] > 0 and "loss/val" in run.data.metrics
     # disk: only the latest checkpoint is kept while a trial runs, none once it is over
     assert not [p for p in (tmp_path / "r" / "crash" / "trials").rglob("checkpoint_*") if p.is_dir()]
+
+
+@pytest.mark.ray
+def test_a_full_disk_halts_the_sweep_and_resume_finishes_it(ray_cluster: None, tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from sweeps.runner import run_sweep
+    from sweeps.spec import parse_spec
+
+    flag = tmp_path / "disk-is-full"
+    flag.touch()
+    text = (f"name: diskfull\ntrainable: {{name: 'tests.faulty:disk_full_while', params: {{flag: '{flag}'}}}}\n"
+            "space: {lr: {type: float, low: 1.0e-3, high: 1.0e-2, log: true}}\n"
+            "budget: {num_trials: 2, num_steps: 20, num_warmup_steps: 2, checkpoint_every_steps: 5}\n"
+            f"tracking: {{uri: 'sqlite:///{tmp_path / 'mlflow.db'}'}}\nstorage_path: {tmp_path / 'r'}\n")
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    lines: list[str] = []
+    first = run_sweep(parse_spec(text), text, echo=lines.append)
+    # The sweep halts at once (the next trial would hit the same full disk), saying why and what to do.
+    assert first.interrupted.startswith("halted: trial 1 disk_full: rank 0: OSError: [Errno 28] No space left on device")
+    assert "free space" in first.interrupted
+    [halted] = first.trials
+    assert halted.status == "interrupted" and "No space left on device" in halted.reason
+    assert any(line.startswith("HALTING the sweep") for line in lines)
+    assert any("sweeps resume diskfull --storage-path" in line for line in lines), lines
+    assert client.get_run(halted.run_id).info.status == "KILLED"
+    assert client.get_run(first.parent_run_id).info.status == "KILLED"
+
+    flag.unlink()  # space freed
+    second = run_sweep(parse_spec(text), text, echo=lines.append)
+    assert not second.interrupted and [t.status for t in second.trials] == ["ok", "ok"], second.trials
+    assert second.parent_run_id == first.parent_run_id and second.trials[0].run_id == halted.run_id  # same runs
+    exp = client.get_run(first.parent_run_id).info.experiment_id
+    children = client.search_runs([exp], f"tags.`mlflow.parentRunId` = '{first.parent_run_id}'")
+    assert len({r.data.tags["sweep.trial_id"] for r in children}) == len(children) == 2  # none duplicated
+    # The halted trial continued from the checkpoint it had saved before the disk filled up.
+    resumed = client.get_run(halted.run_id).data.metrics
+    assert resumed["progress/restored_from_step"] in (5, 10) and resumed["progress/steps"] == 20
+    assert client.get_run(first.parent_run_id).info.status == "FINISHED"
+    assert not [p for p in (tmp_path / "r" / "diskfull" / "trials").rglob("checkpoint_*") if p.is_dir()]
+
+
+def test_a_full_disk_on_the_driver_says_so_and_how_to_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from sweeps import runner
+    from sweeps.cli import EXIT_UNFINISHED, main
+
+    def fills_the_disk(*args: object, **kwargs: object) -> None:  # e.g. writing sweep.json or Tune's state
+        with open("/dev/full", "w") as f:
+            f.write("{}")  # the kernel answers ENOSPC when the buffer is flushed
+
+    monkeypatch.setattr(runner, "run_sweep", fills_the_disk)
+    (tmp_path / "s.yaml").write_text(f"name: full\ntrainable: {{name: mlp-tabular}}\nbudget: {{num_trials: 1, num_steps: 5}}\n"
+                                     f"storage_path: {tmp_path / 'r'}\n")
+    assert main(["run", str(tmp_path / "s.yaml")]) == EXIT_UNFINISHED
+    err = capsys.readouterr().err
+    assert "the disk is full (No space left on device" in err and f"sweeps resume full --storage-path {tmp_path / 'r'}" in err

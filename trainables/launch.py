@@ -1,6 +1,11 @@
 """Run the shared loop without Ray, e.g. on a GPU machine: ``torchrun --nproc-per-node N -m trainables.launch ...``.
 
 Prints one JSON line per report (rank 0). This is also the baseline for benchmarks.
+
+Crash recovery without Ray: with ``--checkpoint-every-steps N --checkpoint-dir DIR``, rank 0 keeps
+the latest checkpoint in DIR (one file, replaced atomically) and every start resumes from it, so
+``torchrun --max-restarts 1`` restarts a crashed worker group from its last checkpoint. A run that
+finishes deletes it. On several nodes DIR must be a shared filesystem.
 """
 
 from __future__ import annotations
@@ -8,18 +13,37 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from trainables.contract import PRECISIONS, TrialConfig
+from trainables.contract import CHECKPOINT_FILE, PRECISIONS, TrialConfig
 from trainables.loop import train
 from trainables.reporting import JsonlReporter
 
 
-def _parse(argv: list[str] | None) -> TrialConfig:
+class DirCheckpointReporter(JsonlReporter):
+    """JSON lines, and each checkpoint the loop hands over copied into `directory` (latest only)."""
+
+    def __init__(self, path: str | None, rank: int, directory: Path) -> None:
+        super().__init__(path, rank)
+        self.directory = directory
+
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None = None) -> None:
+        if checkpoint_dir is not None:  # rank 0 only
+            self.directory.mkdir(parents=True, exist_ok=True)
+            tmp = self.directory / (CHECKPOINT_FILE + ".tmp")
+            shutil.copyfile(Path(checkpoint_dir) / CHECKPOINT_FILE, tmp)
+            tmp.replace(self.directory / CHECKPOINT_FILE)  # a crash mid-copy never leaves half a file
+        super().report(metrics, checkpoint_dir)
+
+
+def _parse(argv: list[str] | None) -> tuple[Path | None, TrialConfig]:
     p = argparse.ArgumentParser(prog="python -m trainables.launch", description=__doc__)
     p.add_argument("--workload", default="image-cnn")
     p.add_argument("--params", default="{}", help="workload params as JSON, e.g. '{\"width\": 32}'")
@@ -41,8 +65,13 @@ def _parse(argv: list[str] | None) -> TrialConfig:
     p.add_argument("--metrics-path", default=None, help="append JSON lines here instead of stdout")
     p.add_argument("--loader-timeout-s", type=float, default=120.0, help="longest wait for one batch (0: forever)")
     p.add_argument("--collective-timeout-s", type=float, default=600.0, help="process-group timeout (hung peer)")
+    p.add_argument("--checkpoint-every-steps", type=int, default=0, help="save a checkpoint every N measured steps")
+    p.add_argument("--checkpoint-dir", type=Path, default=None,
+                   help="keep the latest checkpoint here and resume from it on (re)start (torchrun --max-restarts)")
     a = p.parse_args(argv)
-    return TrialConfig(
+    if a.checkpoint_every_steps and a.checkpoint_dir is None:
+        p.error("--checkpoint-every-steps needs --checkpoint-dir (where the latest checkpoint is kept)")
+    return a.checkpoint_dir, TrialConfig(
         workload=a.workload, workload_params=json.loads(a.params), batch_size=a.batch_size,
         precision=a.precision, lr=a.lr, num_steps=a.num_steps, num_warmup_steps=a.num_warmup_steps,
         num_dataloader_workers=a.num_dataloader_workers, pin_memory=a.pin_memory, compile=a.compile,
@@ -51,11 +80,24 @@ def _parse(argv: list[str] | None) -> TrialConfig:
         use_gpu=torch.cuda.is_available(), threads_per_worker=a.threads_per_worker,
         report_interval_s=a.report_interval_s, seed=a.seed, data_dir=a.data_dir, metrics_path=a.metrics_path,
         loader_timeout_s=a.loader_timeout_s, collective_timeout_s=a.collective_timeout_s,
+        checkpoint_every_steps=a.checkpoint_every_steps,
     )
 
 
+def _attempt_store(world: int, timeout: timedelta) -> dict[str, Any]:
+    """Under torchrun, a store whose keys are this restart's own. torchrun's agent store outlives a
+    restart, and gloo, reading a peer's address from it, can find the dead previous worker's and fail
+    with "connectFullMesh ... Connection refused" (seen with --max-restarts on torch 2.13)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False, timeout=timeout)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return {"store": dist.PrefixStore(f"/sweeps/attempt_{attempt}", store), "rank": int(os.environ["RANK"]),
+            "world_size": world}
+
+
 def main(argv: list[str] | None = None) -> int:
-    cfg = _parse(argv)
+    checkpoints, cfg = _parse(argv)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if cfg.use_gpu:
@@ -64,12 +106,19 @@ def main(argv: list[str] | None = None) -> int:
     else:
         device = torch.device("cpu")
     if world > 1:
-        dist.init_process_group("nccl" if cfg.use_gpu else "gloo", timeout=timedelta(seconds=cfg.collective_timeout_s))
+        timeout = timedelta(seconds=cfg.collective_timeout_s)
+        dist.init_process_group("nccl" if cfg.use_gpu else "gloo", timeout=timeout, **_attempt_store(world, timeout))
     try:
         rank = dist.get_rank() if world > 1 else 0
-        train(cfg, JsonlReporter(cfg.metrics_path, rank), device)
+        if checkpoints is None:
+            train(cfg, JsonlReporter(cfg.metrics_path, rank), device)
+        else:
+            resume = str(checkpoints) if (checkpoints / CHECKPOINT_FILE).exists() else None
+            train(cfg, DirCheckpointReporter(cfg.metrics_path, rank, checkpoints), device, resume_from=resume)
         if world > 1:
             dist.barrier()  # no rank tears the group down while a peer is still in a collective
+        if checkpoints is not None and rank == 0:  # finished: the next start is a new run
+            (checkpoints / CHECKPOINT_FILE).unlink(missing_ok=True)
     finally:
         if world > 1:
             dist.destroy_process_group()
