@@ -56,5 +56,5 @@ bench: install
 	cd benchmarks && ../$(PY) telemetry_overhead.py --pairs 6
 	cd benchmarks && ../$(PY) precision_ladder.py --rounds 3 --precisions 32 bf16-mixed
 	cd benchmarks && ../$(PY) loop_parity.py --rounds 3 --steps 300
-	cd benchmarks && ../$(PY) sweep_overhead.py --rounds 1
+	cd benchmarks && ../$(PY) sweep_overhead.py --rounds 1 --variants default,lean-reuse
 	cd benchmarks && ../$(PY) search_landscape.py --seeds 10 --budget 40

@@ -6,98 +6,33 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shutil
 import signal
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import cloudpickle
 import ray
 from ray import tune
 
-from sweeps.failures import HALT_KINDS, TRANSIENT_KINDS, TrialFailure, classify, failure_of, signature
+from sweeps.failures import failure_of, signature
 from sweeps.outcome import MEASURED, NOT_FAILED, UNFINISHED, SweepOutcome, TrialRow
 from sweeps.report import rows_from_runs
 from sweeps.search import make_scheduler, make_searcher, record_oom, release, shared
 from sweeps.space import resolve_trial, trial_params
-from sweeps.spec import ScalingSpec, SpecError, SpecProblem, SweepSpec
+from sweeps.spec import SpecError, SpecProblem, SweepSpec
 from sweeps.state import SweepState, experiment_dir
 from sweeps.tracking import SweepTracker
+from sweeps.trial import HALT_KEY, run_trial
 from sweeps.verdict import verdict
-from trainables.contract import FINAL, STEPS, TrialConfig
+from trainables.contract import FINAL, STEPS
 
 logger = logging.getLogger(__name__)
 
 # The driver only launches and watches the Train workers: it holds no CPU, so a 2-core
 # machine can run a 2-worker trial. Ray refuses an empty bundle; 1 byte of memory is not.
 _DRIVER_RESOURCES = tune.PlacementGroupFactory([{"CPU": 0, "memory": 1}])
-
-
-def make_trainer(cfg: TrialConfig, scaling: ScalingSpec, name: str, storage_path: str, callbacks: list[Any]) -> Any:
-    """A Ray Train `TorchTrainer` running the shared loop for one trial config."""
-    import ray.train
-    from ray.train.torch import TorchConfig, TorchTrainer
-
-    from trainables.ray_worker import train_worker
-
-    return TorchTrainer(
-        train_worker,
-        train_loop_config=cfg.to_dict(),
-        torch_config=TorchConfig(backend="nccl" if scaling.use_gpu else "gloo", timeout_s=int(max(cfg.collective_timeout_s, 1))),
-        scaling_config=ray.train.ScalingConfig(
-            num_workers=scaling.num_workers,
-            use_gpu=scaling.use_gpu,
-            resources_per_worker={"CPU": scaling.cpus_per_worker, "GPU": scaling.gpus_per_worker},
-        ),
-        run_config=ray.train.RunConfig(
-            name=name,
-            storage_path=storage_path,
-            callbacks=callbacks,
-            failure_config=ray.train.FailureConfig(max_failures=0),
-            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1),  # disk use stays bounded
-        ),
-    )
-
-
-# A trial's report that asks the driver to halt the sweep (a string: Tune keeps it, MLflow does not).
-HALT_KEY = "sweep_halt"
-_HALT_WAIT_S = 300.0
-
-
-def run_trial(config: dict[str, Any], spec: SweepSpec, storage_path: str) -> None:
-    """One Tune trial: a Ray Train run of the shared loop with the sampled config."""
-    from ray.tune.integration.ray_train import TuneReportCallback
-
-    trial_id = tune.get_context().get_trial_id()
-    cfg = resolve_trial(spec, config)
-    # Every attempt uses the same Train run name: Ray Train then hands a retried (or resumed) run
-    # the last checkpoint the crashed attempt saved (budget.checkpoint_every_steps), if any.
-    name = f"{spec.name}-{trial_id}"
-    over = True
-    try:
-        for attempt in range(spec.budget.max_retries + 1):
-            trainer = make_trainer(cfg, spec.scaling, name, storage_path, callbacks=[TuneReportCallback()])
-            try:
-                trainer.fit()
-                return
-            except Exception as exc:  # noqa: BLE001 - every failure is classified; only transient ones retried
-                kind, reason = classify(exc)
-                if kind in HALT_KINDS:
-                    # Not this configuration's fault, and the next trial would hit it too: ask the driver
-                    # to halt the sweep; it stops this trial unfinished, to run again on resume.
-                    over = False
-                    tune.report({HALT_KEY: f"{kind}: {reason}"})
-                    time.sleep(_HALT_WAIT_S)
-                    over = True  # the driver did not halt (it cannot outside its main thread): fail
-                if kind not in TRANSIENT_KINDS or attempt == spec.budget.max_retries:
-                    raise TrialFailure(kind, reason) from None
-                logger.warning("trial %s attempt %d: %s (%s); retrying", trial_id, attempt + 1, kind, reason)
-    finally:  # the trial is over: its checkpoints go (a halted or killed sweep keeps them for resume)
-        for path in Path(storage_path, name).glob("checkpoint_*") if over else ():
-            shutil.rmtree(path, ignore_errors=True)
 
 
 class _Breaker(tune.Stopper):
@@ -325,6 +260,12 @@ LEAN_TRAIN_ENV = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0", "RAY_TRAIN_METRICS
                   "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
 
 
+# Tune hands the next trial to the finished trial's actor (same resources: always here) instead of
+# starting a new process: ~1 s less per trial on 2 vCPU (benchmarks/sweep_overhead.py). The Train
+# controller and workers are still new for every trial.
+REUSE_TRIAL_ACTORS = True
+
+
 def _local_runtime_env() -> dict[str, Any] | None:
     """Outside a Ray job, let workers import user trainables from the current directory, as
     `ray job submit --working-dir .` does inside one, and start Ray Train lean."""
@@ -404,6 +345,7 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
                 num_samples=spec.budget.num_trials,
                 max_concurrent_trials=spec.budget.max_concurrent_trials,
                 time_budget_s=spec.budget.time_budget_s,
+                reuse_actors=REUSE_TRIAL_ACTORS,
             ),
             run_config=tune.RunConfig(name=spec.name, storage_path=str(exp_dir.parent), callbacks=[callback], verbose=0,
                                       stop=_Breaker(token)),

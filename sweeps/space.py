@@ -6,15 +6,18 @@ so what is logged is exactly what ran.
 
 from __future__ import annotations
 
-from typing import Any
-
-import optuna.distributions as od
+from typing import TYPE_CHECKING, Any
 
 from sweeps.spec import CategoricalParam, FloatParam, IntParam, Param, SweepSpec
 from trainables.contract import TrialConfig
 
+if TYPE_CHECKING:  # imported where used: a trial's actor needs no Optuna
+    import optuna.distributions as od
+
 
 def to_distribution(param: Param) -> od.BaseDistribution:
+    import optuna.distributions as od
+
     if isinstance(param, FloatParam):
         return od.FloatDistribution(param.low, param.high, log=param.log, step=param.step)
     if isinstance(param, IntParam):

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sweeps.runner import make_trainer
 from sweeps.spec import ScalingSpec
+from sweeps.trial import make_trainer
 from trainables import contract
 from trainables.contract import TrialConfig
 
