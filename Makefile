@@ -49,8 +49,7 @@ clean:
 	rm -rf mlflow.db mlartifacts ray_results .cache
 
 # The CPU benchmark set; results append to benchmarks/results.jsonl. docs/benchmarks.md quotes fuller
-# runs, each with its command. Timed at 17.5 min on 2 cores with the 16-mixed ladder rows and
-# 5 x 150-step parity rounds; trimmed since to an estimated 13 min (not re-timed).
+# runs, each with its command. Timed at 12 min 9 s on 2 cores (docs/benchmarks.md, `make bench`).
 bench: install
 	cd benchmarks && ../$(PY) data_pipeline.py --rounds 3
 	cd benchmarks && ../$(PY) telemetry_overhead.py --pairs 6

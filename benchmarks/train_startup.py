@@ -1,0 +1,70 @@
+"""Where a bare Ray Train run's time goes: start-up (fit() -> rank 0's train function starts) and
+teardown (rank 0's function returns -> fit() returns), and which actors each run starts.
+
+A warm local Ray (2 CPUs, the lean settings `sweeps run` uses), N runs of a 2-worker gloo
+`TorchTrainer` whose train function only records the time.
+
+    .venv/bin/python benchmarks/train_startup.py [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common import REPO, record, summary, table
+
+
+def _mark_start(config: dict[str, Any]) -> None:
+    import ray.train
+
+    if ray.train.get_context().get_world_rank() == 0:
+        Path(config["stamp"]).write_text(repr(time.time()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    import ray
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.util.state import list_actors
+
+    from sweeps.runner import LEAN_TRAIN_ENV
+
+    ray.init(num_cpus=2, include_dashboard=True, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(REPO), **LEAN_TRAIN_ENV}})
+    stats: dict[str, list[float]] = {"start-up": [], "teardown": [], "total": []}
+    try:
+        for i in range(args.runs):
+            with tempfile.TemporaryDirectory() as tmp:
+                stamp = Path(tmp) / "start"
+                t0 = time.time()
+                TorchTrainer(_mark_start, train_loop_config={"stamp": str(stamp)}, torch_config=TorchConfig(backend="gloo"),
+                             scaling_config=ray.train.ScalingConfig(num_workers=2),
+                             run_config=ray.train.RunConfig(name="bare", storage_path=tmp)).fit()
+                t1 = time.time()
+                started = float(stamp.read_text())
+            for key, value in (("start-up", started - t0), ("teardown", t1 - started), ("total", t1 - t0)):
+                stats[key].append(value)
+            print(f"run {i + 1}: start-up {started - t0:.2f} s, teardown {t1 - started:.2f} s", flush=True)
+        actors = Counter(a.class_name for a in list_actors(limit=10_000, raise_on_missing_output=False))
+    finally:
+        ray.shutdown()
+    print(table(["phase", "s, median (min-max)"],
+                [[k, f"{summary(v)['median']:.2f} ({summary(v)['min']:.2f}-{summary(v)['max']:.2f})"] for k, v in stats.items()]))
+    print(f"actors started over {args.runs} runs: " + ", ".join(f"{name} x{n}" for name, n in sorted(actors.items())))
+    record("train_startup", f"benchmarks/train_startup.py --runs {args.runs}",
+           [{"figure": k, **summary(v)} for k, v in stats.items()] + [{"actors": dict(actors)}])
+
+
+if __name__ == "__main__":
+    main()
