@@ -193,6 +193,8 @@ class SweepTracker:
             run_id = self._children[trial_id] = run.info.run_id
         else:  # a resumed sweep restarts an unfinished trial (or a replayed call): same run, no duplicate
             self.client.set_tag(run_id, "sweep.status", "running")
+            if "sweep.failure_reason" in self.client.get_run(run_id).data.tags:  # why it was interrupted
+                self.client.delete_tag(run_id, "sweep.failure_reason")
             self.client.update_run(run_id, status="RUNNING")
         # Idempotent: MLflow accepts a param logged again with the same value.
         self.client.log_batch(run_id, params=[Param(k, str(v)[:_MAX_PARAM_LEN]) for k, v in params.items()])

@@ -166,8 +166,9 @@ def test_a_full_disk_halts_the_sweep_and_resume_finishes_it(ray_cluster: None, t
     children = client.search_runs([exp], f"tags.`mlflow.parentRunId` = '{first.parent_run_id}'")
     assert len({r.data.tags["sweep.trial_id"] for r in children}) == len(children) == 2  # none duplicated
     # The halted trial continued from the checkpoint it had saved before the disk filled up.
-    resumed = client.get_run(halted.run_id).data.metrics
-    assert resumed["progress/restored_from_step"] in (5, 10) and resumed["progress/steps"] == 20
+    resumed = client.get_run(halted.run_id).data
+    assert resumed.metrics["progress/restored_from_step"] in (5, 10) and resumed.metrics["progress/steps"] == 20
+    assert resumed.tags["sweep.status"] == "ok" and "sweep.failure_reason" not in resumed.tags
     assert client.get_run(first.parent_run_id).info.status == "FINISHED"
     assert not [p for p in (tmp_path / "r" / "diskfull" / "trials").rglob("checkpoint_*") if p.is_dir()]
 
