@@ -28,7 +28,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from sweeps.state import SweepExists, load_for_resume
+    from sweeps.state import SweepExists, load_for_resume, resume_command
 
     try:
         if args.command == "resume":
@@ -53,8 +53,8 @@ def _run(args: argparse.Namespace) -> int:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         print(f"error: the disk is full ({exc.strerror}: {exc.filename or 'writing the sweep state'}). Free space "
-              f"there (old sweeps under {spec.storage_path}, Ray's logs under /tmp/ray), then: "
-              f"sweeps resume {spec.name} --storage-path {spec.storage_path}", file=sys.stderr)
+              f"there (old sweeps under {spec.storage_path}, Ray's logs under /tmp/ray), then: {resume_command(spec)}",
+              file=sys.stderr)
         return EXIT_UNFINISHED
     ended = "stopped before its end after" if outcome.interrupted else "finished in"
     _print_outcome(outcome, f"\nSweep {spec.name} {ended} {outcome.elapsed_s:.0f}s")
@@ -65,6 +65,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _print_outcome(outcome: Any, title: str) -> None:
     from sweeps.report import best_fragment, next_steps, pareto_table, trials_table
+    from sweeps.state import resume_command
     from sweeps.tracking import ui_hint
 
     spec = outcome.spec
@@ -73,8 +74,7 @@ def _print_outcome(outcome: Any, title: str) -> None:
     if outcome.stopped_reason:
         print(f"\nSTOPPED EARLY: {outcome.stopped_reason}; {spec.budget.num_trials - len(outcome.trials)} trials not run")
     if outcome.interrupted:
-        print(f"\nNOT FINISHED: {outcome.interrupted}. Finished trials are kept; continue with: "
-              f"sweeps resume {spec.name} --storage-path {spec.storage_path}")
+        print(f"\nNOT FINISHED: {outcome.interrupted}. Finished trials are kept; continue with: {resume_command(spec)}")
     if spec.objective.multi:
         print("\n" + pareto_table(outcome))
     print(f"\nBest configuration{' by ' + spec.objective.primary if spec.objective.multi else ''}:\n" + best_fragment(outcome))

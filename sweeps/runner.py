@@ -22,7 +22,7 @@ from sweeps.report import rows_from_runs
 from sweeps.search import make_scheduler, make_searcher, record_oom, release, shared
 from sweeps.space import resolve_trial, trial_params
 from sweeps.spec import SpecError, SpecProblem, SweepSpec
-from sweeps.state import SweepState, experiment_dir
+from sweeps.state import SweepState, experiment_dir, resume_command
 from sweeps.tracking import SweepTracker
 from sweeps.trial import HALT_KEY, run_trial
 from sweeps.verdict import verdict
@@ -390,8 +390,7 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
         except Exception as exc:  # noqa: BLE001 - the trials are done; say what was not recorded
             echo(f"WARNING: could not close the MLflow parent run ({type(exc).__name__}: {exc})")
         if interrupted:
-            echo(f"the sweep did not finish ({interrupted}); continue it with: "
-                 f"sweeps resume {spec.name} --storage-path {spec.storage_path}")
+            echo(f"the sweep did not finish ({interrupted}); continue it with: {resume_command(spec)}")
         if outcome.trials and not tracker.pending:
             _publish_report(outcome, tracker, echo)
     return outcome

@@ -33,6 +33,10 @@ def experiment_dir(spec: SweepSpec) -> Path:
     return Path(spec.storage_path).resolve() / spec.name
 
 
+def resume_command(spec: SweepSpec) -> str:
+    return f"sweeps resume {spec.name} --storage-path {spec.storage_path}"
+
+
 @dataclass
 class SweepState:
     spec_text: str
@@ -65,7 +69,7 @@ class SweepState:
             exp_dir.rename(aside)
             echo(f"moved the earlier sweep {spec.name} aside to {aside}; starting afresh")
             return None
-        how = (f"To continue that one: sweeps resume {spec.name} --storage-path {spec.storage_path}. "
+        how = (f"To continue that one: {resume_command(spec)}. "
                f"To start this one: rename it (name: {spec.name}-2) or run it with --restart, which moves the old "
                f"one aside")
         if not (exp_dir / STATE_FILE).exists():

@@ -111,10 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rank = dist.get_rank() if world > 1 else 0
         if checkpoints is None:
-            train(cfg, JsonlReporter(cfg.metrics_path, rank), device)
-        else:
+            reporter, resume = JsonlReporter(cfg.metrics_path, rank), None
+        else:  # a restarted group continues from the checkpoint the crashed one kept
+            reporter = DirCheckpointReporter(cfg.metrics_path, rank, checkpoints)
             resume = str(checkpoints) if (checkpoints / CHECKPOINT_FILE).exists() else None
-            train(cfg, DirCheckpointReporter(cfg.metrics_path, rank, checkpoints), device, resume_from=resume)
+        train(cfg, reporter, device, resume_from=resume)
         if world > 1:
             dist.barrier()  # no rank tears the group down while a peer is still in a collective
         if checkpoints is not None and rank == 0:  # finished: the next start is a new run
