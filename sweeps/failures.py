@@ -17,7 +17,36 @@ from trainables.errors import DivergedError, UnsupportedError, WorkloadError
 KINDS: tuple[str, ...] = ("unsupported", "oom", "diverged", "disk_full", "config", "dataloader", "crash", "error")
 _LOADER_HINT = (" — a dataloader worker died or hung: give the container more shared memory (docker --shm-size, "
                 "/dev/shm), lower num_dataloader_workers or prefetch_factor, or check the dataset's __getitem__")
-_OOM_NAMES = {"OutOfMemoryError", "MemoryError"}  # torch.OutOfMemoryError, ray's, Python's
+# Every form an out-of-memory failure takes, matched against "<type name>: <whole message>" (NCCL puts the
+# cause under "Last error:", lines below the first). Each entry is specific on purpose: an oom verdict
+# prunes the larger batches that follow (search.record_oom), so a misread error costs real configurations.
+# Not here: CUDNN_STATUS_NOT_ENOUGH_WORKSPACE (the workspace *passed* is smaller than the algorithm wants,
+# a size mismatch, not a failed allocation: torch allocates the workspace itself and raises
+# torch.OutOfMemoryError when that fails), CUDNN_STATUS_INTERNAL_ERROR, Triton's "out of resource: shared
+# memory" (a kernel config), NCCL's "ibv_* failed ... Cannot allocate memory" (locked-memory ulimit) and
+# "/dev/shm" segment errors (shared-memory size): none of them is fixed by a smaller batch.
+_OOM_FORMS: tuple[tuple[str, str], ...] = (
+    (r"^OutOfMemoryError: ", "torch.OutOfMemoryError (CUDA/HIP/MPS/XPU allocators), Ray's memory monitor"),
+    (r"\b(CUDA|HIP|XPU|MPS backend) out of memory", "the caching allocator's text, also when raised as RuntimeError"),
+    (r"\b(CUDA|HIP)( driver)? error: out of memory", "cudaErrorMemoryAllocation from a launch, context or driver call"),
+    (r"\bCUDA_ERROR_OUT_OF_MEMORY\b|\bcudaErrorMemoryAllocation\b|Triton Error \[CUDA\]: out of memory",
+     "the driver's / runtime's name for it (Triton, NVRTC, raw driver calls)"),
+    (r"\bDefaultCPUAllocator: (can't allocate memory|not enough memory)", "host memory: torch's CPU allocator"),
+    (r"\b(CUBLAS|CUSOLVER|CUSPARSE)_STATUS_ALLOC_FAILED\b|\bCUFFT_ALLOC_FAILED\b",
+     "a CUDA math library could not allocate its handle or workspace (cublasCreate ...)"),
+    (r"\bCUDNN_STATUS_(ALLOC_FAILED|INTERNAL_ERROR_(HOST|DEVICE)_ALLOCATION_FAILED)\b", "cuDNN < 9 and >= 9 names"),
+    (r"\b(Cuda|HIP) failure (\d+ )?'out of memory'",
+     "NCCL/RCCL: ncclUnhandledCudaError ... Last error: Cuda failure 2 'out of memory'"),
+    (r"\bFailed to CUDA calloc\b", "NCCL/RCCL: its communication buffers did not fit (ncclCudaCalloc)"),
+)
+_OOM = re.compile("|".join(f"(?:{pattern})" for pattern, _ in _OOM_FORMS))
+
+
+def _oom(e: BaseException) -> bool:
+    # Python's MemoryError by class: numpy raises a subclass of it (_ArrayMemoryError)
+    return isinstance(e, MemoryError) or _OOM.search(f"{type(e).__name__}: {e}") is not None
+
+
 # A worker process or its node went away: transient, worth one more attempt elsewhere.
 _CRASH_NAMES = {"ActorDiedError", "RayActorError", "WorkerCrashedError", "ActorUnavailableError", "NodeDiedError",
                 "WorkerHealthCheckFailedError", "WorkerHealthCheckTimeoutError", "ActorPlacementGroupRemoved"}
@@ -71,7 +100,9 @@ def classify(exc: BaseException) -> tuple[str, str]:
     rules = (
         ("unsupported", lambda e: isinstance(e, UnsupportedError)),
         ("config", lambda e: isinstance(e, WorkloadError)),
-        ("oom", lambda e: type(e).__name__ in _OOM_NAMES),
+        # Before the rest: the ranks an OOM leaves waiting in a collective fail too (connection reset,
+        # timeout, aborted communicator), and whichever rank Ray Train lists first, the cause is the OOM.
+        ("oom", _oom),
         ("diverged", lambda e: isinstance(e, DivergedError)),
         ("disk_full", _disk_full),
         ("dataloader", lambda e: "DataLoader worker" in str(e) or "DataLoader timed out" in str(e)),

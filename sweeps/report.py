@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 from typing import Any
 
+import yaml
+
 from sweeps.outcome import MEASURED, SweepOutcome, TrialRow
+from sweeps.spec import KNOBS, CategoricalParam, FixedParam, IntParam, Param, Scalar
 from trainables.contract import DATA_WAIT_PCT, LOSS_VAL, STEP_TIME_MS
 
 _COLUMNS = ("batch_size", "precision", "lr", "num_dataloader_workers", "pin_memory")
@@ -69,12 +72,38 @@ def pareto_records(outcome: SweepOutcome) -> list[dict[str, Any]]:
 
 
 def best_fragment(outcome: SweepOutcome) -> str:
-    """The best configuration as a ready-to-paste `space:` fragment."""
+    """The best configuration as a ready-to-paste `space:` section: every loop knob the trial logged and
+    the trainable's own `params` the spec's space held, typed as the spec wants them (`precision: '32'`,
+    not the number 32), so `sweeps validate` accepts it and the pasted spec runs what that trial ran."""
     best = outcome.best
     if best is None:
         return "no trial finished; nothing to recommend"
-    lines = ["space:"] + [f"  {c}: {json.dumps(best.params[c])}" for c in _COLUMNS]
-    return "\n".join(lines)
+    space: dict[str, Any] = {k: _knob_value(k, best.params[k]) for k in KNOBS if k in best.params}
+    own = {name: _param_value(p, best.params[f"workload.{name}"]) for name, p in outcome.spec.space.params.items()
+           if f"workload.{name}" in best.params}  # trial_params logs space.params as workload.<name>
+    if own:
+        space["params"] = own
+    return yaml.safe_dump({"space": space}, sort_keys=False, default_flow_style=False).rstrip()
+
+
+_BOOLS = {"True": True, "False": False}
+_FROM_TEXT: dict[type, Callable[[str], Scalar]] = {bool: _BOOLS.__getitem__, int: int, float: float, str: str}
+
+
+def _knob_value(knob: str, value: Any) -> Scalar:
+    """A knob's value in the type `sweeps.spec.KNOBS` gives it, read from its text as MLflow keeps it
+    (`str(v)`); guessing the type back instead reads precision "32" as the number 32."""
+    return _FROM_TEXT[KNOBS[knob][1]](str(value))
+
+
+def _param_value(p: Param, value: Any) -> Scalar:
+    """A trainable param's logged value in the type its `space.params` entry declares."""
+    text = str(value)
+    if isinstance(p, FixedParam):
+        return p.value
+    if isinstance(p, CategoricalParam):
+        return next((c for c in p.choices if str(c) == text), _typed(text))
+    return int(text) if isinstance(p, IntParam) else float(text)
 
 
 def _typed(value: str) -> Any:
@@ -96,8 +125,8 @@ def rows_from_runs(children: list[Any]) -> list[TrialRow]:
         verdict = f"{tags['sweep.verdict']}: {tags.get('sweep.verdict_reason', '')}" if "sweep.verdict" in tags else ""
         name = child.info.run_name or ""
         number = int(name.split("-")[1]) if name.startswith("trial-") else 0
-        rows.append(TrialRow(tags.get("sweep.trial_id", child.info.run_id), number,
-                             {k: _typed(v) for k, v in child.data.params.items()}, child.info.run_id,
+        params = {k: _knob_value(k, v) if k in KNOBS else _typed(v) for k, v in child.data.params.items()}
+        rows.append(TrialRow(tags.get("sweep.trial_id", child.info.run_id), number, params, child.info.run_id,
                              tags.get("sweep.status", "running"), tags.get("sweep.failure_reason", ""), verdict,
                              dict(child.data.metrics)))
     return sorted(rows, key=lambda r: r.number)

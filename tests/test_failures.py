@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import pickle
+import socket
+from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -63,3 +67,101 @@ def test_same_error_on_another_rank_is_the_same_failure_for_the_breaker() -> Non
     b = classify(FakeWorkerGroupError({1: ImportError("no module x")}))
     assert a != b and signature(*a) == signature(*b)
     assert signature(*a) != signature(*classify(FakeWorkerGroupError({0: ImportError("no module y")})))
+
+
+_NCCL = ("NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, unhandled cuda error (run with "
+         "NCCL_DEBUG=INFO for details), NCCL version 2.21.5\nncclUnhandledCudaError: Call to CUDA function failed.\n"
+         "Last error:\n")
+
+
+@pytest.mark.parametrize(
+    "exc,oom",
+    [
+        (OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79 GiB"),
+         True),
+        (MemoryError(), True),
+        (type("_ArrayMemoryError", (MemoryError,), {})("Unable to allocate 1.00 TiB for an array"), True),  # numpy
+        (RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 15.78 GiB total capacity)"), True),
+        (RuntimeError("HIP out of memory. Tried to allocate 1.00 GiB"), True),
+        (RuntimeError("MPS backend out of memory (MPS allocated: 17.00 GB, other allocations: 1.00 GB)"), True),
+        (RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported"), True),
+        (RuntimeError("CUDA driver error: out of memory"), True),
+        (RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you "
+                      "tried to allocate 1152921504606846976 bytes. Error code 12 (Cannot allocate memory)"), True),
+        (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"), True),
+        (RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"), True),
+        (RuntimeError("cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED"), True),
+        (RuntimeError(_NCCL + "Cuda failure 'out of memory'"), True),  # NCCL < 2.19
+        (RuntimeError(_NCCL + "Cuda failure 2 'out of memory'"), True),
+        (RuntimeError(_NCCL + "Failed to CUDA calloc async 2432 bytes"), True),
+        # look-alikes: a smaller batch fixes none of them
+        (RuntimeError("cuDNN error: CUDNN_STATUS_NOT_ENOUGH_WORKSPACE"), False),
+        (RuntimeError("cuDNN error: CUDNN_STATUS_INTERNAL_ERROR"), False),
+        (RuntimeError("CUDA error: an illegal memory access was encountered"), False),
+        (RuntimeError(_NCCL + "Cuda failure 1 'invalid argument'"), False),
+        (RuntimeError("NCCL error: unhandled system error, NCCL version 2.21.5\nncclSystemError: System call (e.g. "
+                      "socket, malloc) or external library call failed or device error.\nLast error:\nCall to "
+                      "ibv_create_cq failed with error Cannot allocate memory"), False),  # locked-memory ulimit
+        (RuntimeError("out of resource: shared memory, Required: 98304, Hardware limit: 65536. Reducing block sizes "
+                      "or `num_stages` may help."), False),  # Triton kernel config
+        (RuntimeError("NCCL error: unhandled system error\nLast error:\nError while creating shared memory segment "
+                      "/dev/shm/nccl-vzIpS6 (size 9637888)"), False),  # --shm-size
+    ],
+)
+def test_out_of_memory_in_each_form_it_takes(exc: BaseException, oom: bool) -> None:
+    kind, reason = classify(FakeWorkerGroupError({0: exc}))
+    assert (kind == "oom") is oom, reason
+    assert kind in ("oom", "error")
+
+
+def _gloo_rank(rank: int, port: int, errors: Any, ready: Any, done: Any, peer_exits: bool) -> None:
+    """One rank of a 2-rank gloo group: rank 1 runs out of memory, rank 0 waits for it in all_reduce."""
+    import torch
+    import torch.distributed as dist
+
+    ready.wait(60)  # both have imported torch: the short timeout below is not spent on a slow start
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                                timeout=timedelta(seconds=2))
+        if rank == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity "
+                                         "of 79.10 GiB of which 1.06 GiB is free.")
+        dist.all_reduce(torch.ones(4))
+    except Exception as exc:
+        errors.put((rank, exc))
+        if not peer_exits:  # hold the group open, as a live Ray Train actor would, until rank 0 has timed out
+            done.wait(30)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("peer_exits", [True, False], ids=["peer-exits", "peer-hangs"])
+def test_oom_on_one_rank_while_the_other_waits_in_a_collective(peer_exits: bool) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    errors, ready, done = ctx.Queue(), ctx.Barrier(2), ctx.Event()
+    procs = [ctx.Process(target=_gloo_rank, args=(r, port, errors, ready, done, peer_exits), daemon=True)
+             for r in (0, 1)]
+    try:
+        for p in procs:
+            p.start()
+        got = dict(errors.get(timeout=60) for _ in range(2))
+        done.set()
+        for p in procs:
+            p.join(30)
+        assert [p.exitcode for p in procs] == [0, 0]
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+        errors.close()
+        errors.join_thread()
+    waiting = got[0]  # what the waiting rank really sees: connection reset by peer, or a gloo timeout
+    assert type(got[1]).__name__ == "OutOfMemoryError" and classify(FakeWorkerGroupError({0: waiting}))[0] == "error"
+    for failures in ({0: waiting, 1: got[1]}, {0: got[1], 1: waiting}):  # whichever rank is listed first
+        kind, reason = classify(FakeWorkerGroupError(failures))
+        assert kind == "oom" and "OutOfMemoryError: CUDA out of memory" in reason, (reason, str(waiting))

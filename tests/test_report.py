@@ -1,5 +1,6 @@
 """Reports of a real sweep: figures on the parent run (read back: size, not blank), the HTML
-summary, `sweeps report` text and JSON, and the MLflow UI checked in headless Chromium."""
+summary, `sweeps report` text and JSON, and the MLflow UI checked in headless Chromium; and, without
+Ray, the Pareto front and the best configuration's `space:` fragment."""
 
 from __future__ import annotations
 
@@ -12,16 +13,20 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import yaml
 from mlflow.tracking import MlflowClient
 from PIL import Image
 
 from sweeps.cli import main
-from sweeps.outcome import TrialRow, pareto_rows
+from sweeps.outcome import SweepOutcome, TrialRow, pareto_rows
+from sweeps.report import best_fragment, rows_from_runs
+from sweeps.space import resolve_trial, trial_params
+from sweeps.spec import KNOBS, parse_spec
 
-pytestmark = pytest.mark.ray
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
@@ -32,6 +37,40 @@ def test_pareto_front() -> None:
     assert [r.trial_id for r in pareto_rows(rows, ("t", "l"), ("max", "max"))] == ["d", "e"]
 
 
+_SPEC = """\
+name: fragment-sweep
+trainable: {name: mlp-tabular, params: {num_train_rows: 2048}}
+SPACE
+objective: {metric: throughput/samples_per_s, mode: max}
+budget: {num_trials: 4, num_steps: 30}
+"""
+_SEARCHED = """\
+space:
+  batch_size: {type: categorical, choices: [32, 64]}
+  precision: {type: categorical, choices: ["32", "bf16-mixed"]}
+  lr: {type: float, low: 1.0e-4, high: 1.0e-1, log: true}
+  num_dataloader_workers: 2
+  pin_memory: true
+  prefetch_factor: 3
+  persistent_workers: false
+  compile: true
+  params: {hidden: {type: categorical, choices: [16, 64]}, num_features: 8}"""
+
+
+def test_best_fragment_validates_and_resolves_to_the_best_trial() -> None:
+    spec = parse_spec(_SPEC.replace("SPACE", _SEARCHED))
+    ran = resolve_trial(spec, {"batch_size": 64, "precision": "32", "lr": 0.0031622776601683794, "params.hidden": 64})
+    logged = {k: str(v) for k, v in trial_params(spec, ran).items()}  # MLflow keeps every param as text
+    child = SimpleNamespace(info=SimpleNamespace(run_id="r1", run_name="trial-001"), data=SimpleNamespace(
+        params=logged, metrics={"throughput/samples_per_s": 1.0}, tags={"sweep.trial_id": "t1", "sweep.status": "ok"}))
+    fragment = best_fragment(SweepOutcome(spec, "parent", "sqlite://", rows_from_runs([child]), 1.0))
+    assert list(yaml.safe_load(fragment)["space"]) == [*KNOBS, "params"]  # every knob, new ones included
+    pasted = resolve_trial(parse_spec(_SPEC.replace("SPACE", fragment), "the pasted fragment"), {})
+    assert {k: getattr(pasted, k) for k in KNOBS} == {k: getattr(ran, k) for k in KNOBS}, fragment
+    assert pasted.workload_params == ran.workload_params == {"num_train_rows": 2048, "hidden": 64, "num_features": 8}
+
+
+@pytest.mark.ray
 def test_figures_and_summary_on_parent_run(small_sweep: tuple, tmp_path: Path) -> None:
     outcome, uri, _ = small_sweep
     client = MlflowClient(uri)
@@ -49,6 +88,7 @@ def test_figures_and_summary_on_parent_run(small_sweep: tuple, tmp_path: Path) -
     assert "memory_vs_batch_size.png: memory/max_reserved_gib was not measured (no GPU)" in html
 
 
+@pytest.mark.ray
 def test_report_cli_text_and_json(small_sweep: tuple, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     outcome, uri, _ = small_sweep
     assert main(["report", "test-sweep", "--tracking-uri", uri, "--out", str(tmp_path / "r")]) == 0
@@ -73,6 +113,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.ray
 def test_mlflow_ui_lists_parent_with_children_in_chromium(small_sweep: tuple, tmp_path: Path) -> None:
     if CHROMIUM is None:
         if os.environ.get("CI"):
