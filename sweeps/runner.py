@@ -21,7 +21,7 @@ from sweeps.outcome import MEASURED, NOT_FAILED, UNFINISHED, SweepOutcome, Trial
 from sweeps.report import rows_from_runs
 from sweeps.search import make_scheduler, make_searcher, record_oom, release, shared
 from sweeps.space import resolve_trial, trial_params
-from sweeps.spec import SpecError, SpecProblem, SweepSpec
+from sweeps.spec import PARAMS_PREFIX, SpecError, SpecProblem, SweepSpec
 from sweeps.state import SweepState, experiment_dir, resume_command
 from sweeps.tracking import SweepTracker
 from sweeps.trial import HALT_KEY, run_trial
@@ -33,6 +33,13 @@ logger = logging.getLogger(__name__)
 # The driver only launches and watches the Train workers: it holds no CPU, so a 2-core
 # machine can run a 2-worker trial. Ray refuses an empty bundle; 1 byte of memory is not.
 _DRIVER_RESOURCES = tune.PlacementGroupFactory([{"CPU": 0, "memory": 1}])
+
+
+def _knobs(spec: SweepSpec, row: TrialRow) -> dict[str, Any]:
+    """A trial's knobs as the searcher names them: its logged params carry the trainable's own as
+    `workload.<name>`; the space names them `params.<name>`."""
+    own = {f"{PARAMS_PREFIX}{n}": row.params[f"workload.{n}"] for n in spec.space.params if f"workload.{n}" in row.params}
+    return {**spec.space.fixed(), **row.params, **own}
 
 
 class _Breaker(tune.Stopper):
@@ -83,7 +90,7 @@ class _SweepCallback(tune.Callback):
         self.halted = ""  # why a trial asked to halt the sweep (HALT_KINDS)
         for row in self.rows.values():  # a resumed sweep keeps what it learnt about memory
             if row.status == "oom":
-                record_oom(token, {**spec.space.fixed(), **row.params})
+                record_oom(token, _knobs(spec, row))
         _LIVE[token] = self
 
     def __reduce__(self) -> tuple[Any, tuple[str]]:
@@ -131,7 +138,10 @@ class _SweepCallback(tune.Callback):
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         row = self.rows[trial.trial_id]
         obj = self.spec.objective
-        if row.metrics.get(FINAL) == 1:
+        missing = [m for m in (*obj.metrics, *(c.metric for c in obj.constraints)) if m not in row.metrics]
+        if row.metrics.get(FINAL) == 1 and missing:
+            self._unranked(row, missing)
+        elif row.metrics.get(FINAL) == 1:
             broken = [f"{c.metric}={row.metrics.get(c.metric)} breaks {c}" for c in obj.constraints
                       if c.violation(row.metrics.get(c.metric)) > 0]
             self._finish(trial.trial_id, "infeasible" if broken else "ok", "; ".join(broken))
@@ -145,6 +155,19 @@ class _SweepCallback(tune.Callback):
                          f"{obj.primary}={row.metrics.get(obj.primary, float('nan')):.4g} was behind the others")
         else:
             self._finish(trial.trial_id, "stopped", "ended without its final report")
+
+    def _unranked(self, row: TrialRow, missing: list[str]) -> None:
+        """A finished trial without the objective's metrics cannot be ranked, and the next trials of
+        the same trainable will not report them either: stop the sweep now and say what is there."""
+        reported = sorted(k for k, v in row.metrics.items() if "/" in k and not k.startswith(("progress/", "device/"))
+                          and isinstance(v, (int, float)))
+        reason = (f"the trial reported no {', '.join(missing)}, so no trial can be ranked; it reported: "
+                  f"{', '.join(reported)}. Name one of those in objective (metric or constraints), or make the "
+                  "trainable report it (eval_fn for eval/<name>)")
+        self._finish(row.trial_id, "config", reason)
+        if not self.tripped:
+            shared(self.token).tripped = f"objective metric not reported: {reason}"
+            self.echo(f"STOPPING the sweep: {reason}")
 
     def _out_of_time(self) -> bool:
         limit = self.spec.budget.time_budget_s
@@ -169,7 +192,7 @@ class _SweepCallback(tune.Callback):
         self.echo(self._progress(row))
         self._count_failure(status, reason)
         if status == "oom":
-            knobs = {**self.spec.space.fixed(), **row.params}
+            knobs = _knobs(self.spec, row)
             record_oom(self.token, knobs)
             self.echo(f"out of memory at batch_size={knobs['batch_size']} ({knobs['precision']}): "
                       "no larger batch will be tried")

@@ -26,7 +26,7 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 from ray.tune.search.optuna import OptunaSearch
 
 from sweeps.space import optuna_space
-from sweeps.spec import ConstraintSpec, SweepSpec
+from sweeps.spec import PARAMS_PREFIX, ConstraintSpec, SweepSpec
 from trainables.contract import FINAL, STEPS
 
 logger = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ class Shared:
     """State of one sweep shared by its callback, searcher and stopper (see module doc)."""
 
     tripped: str = ""  # why the circuit breaker stopped the sweep
-    oom_bounds: dict[tuple[str, bool], int] = field(default_factory=dict)  # (precision, compile) -> batch
+    oom_bounds: dict[tuple[Any, ...], int] = field(default_factory=dict)  # oom_key -> smallest batch that ran out
     failures: dict[str, str] = field(default_factory=dict)  # errored trial id -> failure kind
 
 
@@ -56,8 +56,11 @@ def release(token: str) -> None:
     _SHARED.pop(token, None)
 
 
-def oom_key(knobs: dict[str, Any]) -> tuple[str, bool]:
-    return str(knobs["precision"]), bool(knobs["compile"])
+def oom_key(knobs: dict[str, Any]) -> tuple[Any, ...]:
+    """What, besides the batch size, decides whether a trial fits in memory: precision, compile and
+    the trainable's own params in the space (a wider model runs out of memory at a smaller batch)."""
+    own = tuple(sorted((k, str(v)) for k, v in knobs.items() if k.startswith(PARAMS_PREFIX)))
+    return str(knobs["precision"]), bool(knobs["compile"]), own
 
 
 def record_oom(token: str, knobs: dict[str, Any]) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sweeps.spec import CategoricalParam, FloatParam, IntParam, Param, SweepSpec
+from sweeps.spec import KNOBS, PARAMS_PREFIX, CategoricalParam, FloatParam, IntParam, Param, SweepSpec
 from trainables.contract import TrialConfig
 
 if TYPE_CHECKING:  # imported where used: a trial's actor needs no Optuna
@@ -33,10 +33,11 @@ def optuna_space(spec: SweepSpec) -> dict[str, od.BaseDistribution]:
 
 def resolve_trial(spec: SweepSpec, sampled: dict[str, Any], metrics_path: str | None = None) -> TrialConfig:
     """The complete configuration one trial runs with."""
-    knobs = {**spec.space.fixed(), **sampled}
+    knobs = {k: v[0] for k, v in KNOBS.items()} | spec.space.fixed() | sampled
+    own = {k[len(PARAMS_PREFIX):]: v for k, v in knobs.items() if k.startswith(PARAMS_PREFIX)}
     return TrialConfig(
         workload=spec.trainable.name,
-        workload_params=dict(spec.trainable.params),
+        workload_params={**spec.trainable.params, **own},
         batch_size=int(knobs["batch_size"]),
         precision=str(knobs["precision"]),
         lr=float(knobs["lr"]),
@@ -45,6 +46,10 @@ def resolve_trial(spec: SweepSpec, sampled: dict[str, Any], metrics_path: str | 
         prefetch_factor=int(knobs["prefetch_factor"]),
         persistent_workers=bool(knobs["persistent_workers"]),
         compile=bool(knobs["compile"]),
+        grad_accum_steps=int(knobs["grad_accum_steps"]),
+        max_grad_norm=float(knobs["max_grad_norm"]),
+        lr_warmup_steps=int(knobs["lr_warmup_steps"]),
+        lr_schedule=str(knobs["lr_schedule"]),
         num_steps=spec.budget.num_steps,
         num_warmup_steps=spec.budget.num_warmup_steps,
         report_interval_s=spec.budget.report_interval_s,
@@ -64,7 +69,8 @@ def trial_params(spec: SweepSpec, cfg: TrialConfig) -> dict[str, Any]:
     """Flat, UI-friendly params for a trial's MLflow run (compare view, parallel coordinates)."""
     params: dict[str, Any] = {
         "batch_size": cfg.batch_size,
-        "global_batch_size": cfg.batch_size * spec.scaling.num_workers,
+        # samples per optimizer step: per-worker batch x accumulation x workers
+        "global_batch_size": cfg.batch_size * cfg.grad_accum_steps * spec.scaling.num_workers,
         "precision": cfg.precision,
         "lr": cfg.lr,
         "num_dataloader_workers": cfg.num_dataloader_workers,
@@ -72,6 +78,10 @@ def trial_params(spec: SweepSpec, cfg: TrialConfig) -> dict[str, Any]:
         "prefetch_factor": cfg.prefetch_factor,
         "persistent_workers": cfg.persistent_workers,
         "compile": cfg.compile,
+        "grad_accum_steps": cfg.grad_accum_steps,
+        "max_grad_norm": cfg.max_grad_norm,
+        "lr_warmup_steps": cfg.lr_warmup_steps,
+        "lr_schedule": cfg.lr_schedule,
         "num_workers": spec.scaling.num_workers,
         "cpus_per_worker": spec.scaling.cpus_per_worker,
         "gpus_per_worker": spec.scaling.gpus_per_worker,

@@ -18,7 +18,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from trainables import registry
-from trainables.contract import KNOWN_METRICS, PRECISIONS, throughput_key
+from trainables.contract import (
+    KNOWN_METRICS,
+    LR_SCHEDULES,
+    PRECISIONS,
+    is_final_only,
+    is_known_metric,
+    throughput_key,
+)
 from trainables.errors import WorkloadError
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -118,23 +125,44 @@ KNOBS: dict[str, tuple[Scalar, type, str]] = {
     "prefetch_factor": (2, int, "an integer >= 1 (batches per loader worker in flight)"),
     "persistent_workers": (True, bool, "true or false"),
     "compile": (False, bool, "true or false"),
+    # Optimisation knobs: a spec that does not name one gets the default (and it is still logged).
+    "grad_accum_steps": (1, int, "an integer >= 1 (micro-batches per optimizer step)"),
+    "max_grad_norm": (0.0, float, "a number >= 0 (0: no clipping)"),
+    "lr_warmup_steps": (0, int, "an integer >= 0 (optimizer steps of linear LR warm-up)"),
+    "lr_schedule": ("constant", str, f"one of {list(LR_SCHEDULES)}"),
 }
+OPTIM_KNOBS = ("grad_accum_steps", "lr_schedule", "lr_warmup_steps", "max_grad_norm")
+PARAMS_PREFIX = "params."  # space.params.<name>: the trainable's own hyperparameters
+_MINIMUM = {"num_dataloader_workers": 0, "lr_warmup_steps": 0, "max_grad_norm": 0.0}  # else > 0 (float), >= 1 (int)
 
 
 def _knob_ok(knob: str, value: Any) -> bool:
     kind = KNOBS[knob][1]
     if kind is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+        number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return number and (value >= _MINIMUM[knob] if knob in _MINIMUM else value > 0)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         return False
     if kind is int:
-        return isinstance(value, int) and value >= (0 if knob == "num_dataloader_workers" else 1)
+        return isinstance(value, int) and value >= _MINIMUM.get(knob, 1)
     if knob == "precision":
         return value in PRECISIONS
+    if knob == "lr_schedule":
+        return value in LR_SCHEDULES
     return True
 
 
+def _param_values(p: Any) -> list[Any]:
+    if isinstance(p, (FloatParam, IntParam)):
+        return [p.low, p.high]
+    if isinstance(p, CategoricalParam):
+        return list(p.choices)
+    return [p.value]
+
+
 class SpaceSpec(BaseModel):
+    """The loop's knobs and the trainable's own params (`params.<name>`), each fixed or searched."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
     batch_size: Param = FixedParam(type="fixed", value=32)
     precision: Param = FixedParam(type="fixed", value="32")
@@ -144,37 +172,57 @@ class SpaceSpec(BaseModel):
     prefetch_factor: Param = FixedParam(type="fixed", value=2)
     persistent_workers: Param = FixedParam(type="fixed", value=True)
     compile: Param = FixedParam(type="fixed", value=False)
+    grad_accum_steps: Param | None = None
+    max_grad_norm: Param | None = None
+    lr_warmup_steps: Param | None = None
+    lr_schedule: Param | None = None
+    params: dict[str, Param] = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
     def _fixed_scalars(cls, data: Any) -> Any:
-        return {k: _wrap_fixed(v) for k, v in data.items()} if isinstance(data, dict) else data
+        """Plain values are fixed params; `params.<name>: ...` keys go under `params`."""
+        if not isinstance(data, dict):
+            return data
+        out: dict[str, Any] = {k: v if k == "params" else _wrap_fixed(v) for k, v in data.items()
+                               if not str(k).startswith(PARAMS_PREFIX)}
+        own = data.get("params", {})
+        if not isinstance(own, dict):
+            return out
+        own = dict(own)
+        for key, value in data.items():
+            if str(key).startswith(PARAMS_PREFIX):
+                own[str(key)[len(PARAMS_PREFIX):]] = value
+        if own:
+            out["params"] = {k: _wrap_fixed(v) for k, v in own.items()}
+        return out
 
     @field_validator(*KNOBS)
     @classmethod
     def _knob_values(cls, p: Any, info: ValidationInfo) -> Any:
         knob = str(info.field_name)
         kind, rule = KNOBS[knob][1], KNOBS[knob][2]
+        if p is None:
+            return p
         if isinstance(p, (FloatParam, IntParam)) and kind not in (int, float):
             raise ValueError(f"a {p.type} range is not allowed here; values must be {rule}")
         if isinstance(p, FloatParam) and kind is int:
             raise ValueError(f"type float is not allowed; values must be {rule} (use type: int)")
-        if isinstance(p, (FloatParam, IntParam)):
-            values: list[Any] = [p.low, p.high]
-        elif isinstance(p, CategoricalParam):
-            values = list(p.choices)
-        else:
-            values = [p.value]
-        bad = [v for v in values if not _knob_ok(knob, v)]
+        bad = [v for v in _param_values(p) if not _knob_ok(knob, v)]
         if bad:
             raise ValueError(f"{bad[0]!r} is not allowed; values must be {rule}")
         return p
 
+    def _all(self) -> dict[str, Param]:
+        """Every knob the spec sets (built-in or its own, `params.<name>`), fixed or searched."""
+        knobs = {k: getattr(self, k) for k in KNOBS if getattr(self, k) is not None}
+        return knobs | {PARAMS_PREFIX + k: v for k, v in self.params.items()}
+
     def searched(self) -> dict[str, Param]:
-        return {k: getattr(self, k) for k in KNOBS if not isinstance(getattr(self, k), FixedParam)}
+        return {k: p for k, p in self._all().items() if not isinstance(p, FixedParam)}
 
     def fixed(self) -> dict[str, Scalar]:
-        return {k: getattr(self, k).value for k in KNOBS if isinstance(getattr(self, k), FixedParam)}
+        return {k: p.value for k, p in self._all().items() if isinstance(p, FixedParam)}
 
     def grid_values(self) -> dict[str, list[Scalar]]:
         """Each searched knob's values for grid search, smallest batch first."""
@@ -196,7 +244,8 @@ class SpaceSpec(BaseModel):
         """Every combination once; batch size varies fastest (ascending), so an out-of-memory
         batch is met before the larger ones it rules out (the classic precision x batch table)."""
         values = self.grid_values()
-        order = sorted(values, key=lambda k: (k == "batch_size", list(KNOBS).index(k)))
+        rank = {k: i for i, k in enumerate(self._all())}
+        order = sorted(values, key=lambda k: (k == "batch_size", rank[k]))
         return [dict(zip(order, combo, strict=True)) for combo in itertools.product(*(values[k] for k in order))]
 
 
@@ -228,8 +277,9 @@ Mode = Literal["max", "min"]
 
 
 def _known_metric(metric: str) -> str:
-    if metric not in KNOWN_METRICS:
-        raise ValueError(f"unknown metric {metric!r}; choose one of {list(KNOWN_METRICS)}")
+    if not is_known_metric(metric):
+        raise ValueError(f"unknown metric {metric!r}; choose one of {list(KNOWN_METRICS)}, or eval/<name> for a "
+                         "metric of the trainable's eval_fn")
     return metric
 
 
@@ -432,7 +482,10 @@ class SweepSpec(BaseModel):
         name = trainable.get("name") if isinstance(trainable, dict) else None
         if not isinstance(name, str) or not isinstance(objective, dict) or "metric" in objective:
             return data
-        unit = registry.unit(name) if name in registry.names() else None
+        try:
+            unit = registry.unit(name)  # a user trainable's declared UNIT is read, not run
+        except WorkloadError:
+            return data  # the trainable's own validator reports it
         return {**data, "objective": {**objective, "metric": throughput_key(unit)}} if unit else data
 
     @model_validator(mode="after")
@@ -452,6 +505,10 @@ class SweepSpec(BaseModel):
         es = self.search.early_stopping
         if es is not None and self.objective.multi:
             raise ValueError("search.early_stopping: ASHA ranks trials by one metric; remove it or use a single objective")
+        if es is not None and is_final_only(self.objective.primary):
+            raise ValueError(f"search.early_stopping: ASHA compares trials on their progress reports, and "
+                             f"{self.objective.primary} is only in a trial's final report (after validation); "
+                             "stop early on a throughput objective, or remove early_stopping")
         if es is not None and es.grace_steps >= self.budget.num_steps:
             raise ValueError(f"search.early_stopping.grace_steps ({es.grace_steps}) must be below budget.num_steps "
                              f"({self.budget.num_steps}), or nothing is ever stopped")
@@ -461,6 +518,23 @@ class SweepSpec(BaseModel):
                 sizes = " x ".join(f"{len(v)} {k}" for k, v in self.space.grid_values().items()) or "1"
                 raise ValueError(f"budget.num_trials: the grid has {len(points)} combinations ({sizes}); "
                                  f"set num_trials: {len(points)}")
+        return self
+
+    @model_validator(mode="after")
+    def _own_params(self) -> SweepSpec:
+        """`space.params.<name>` must be a param the trainable declares (when it declares them)."""
+        own = self.space.params
+        both = sorted(set(own) & set(self.trainable.params))
+        if both:
+            raise ValueError(f"space.params.{both[0]}: also set in trainable.params; keep it in one place "
+                             "(space: to search it, trainable.params: to fix it)")
+        problems = []
+        for name, p in own.items():
+            for value in _param_values(p):
+                for problem in registry.check_params(self.trainable.name, {name: value}):
+                    problems.append(f"space.params.{name}: {problem.removeprefix(f'{name}: ')}")
+        if problems:
+            raise ValueError(problems[0])
         return self
 
     @field_validator("name")
@@ -531,7 +605,11 @@ def _problem(err: dict[str, Any], lines: dict[tuple[str, ...], int]) -> SpecProb
     if named:  # a whole-spec rule names its field first: point there
         loc, msg = tuple(named.group(1).split(".")), named.group(2)
     line = next((lines[loc[:n]] for n in range(len(loc), -1, -1) if loc[:n] in lines), None)
-    if err["type"] == "extra_forbidden":
+    if err["type"] == "extra_forbidden" and loc[:-1] == ("space",):
+        loop = sorted(k for k in KNOBS if k not in OPTIM_KNOBS)
+        msg = (f"unknown key; allowed: {', '.join(loop)}; optimisation: {', '.join(OPTIM_KNOBS)}; the trainable's "
+               f"own: {PARAMS_PREFIX}<name>")
+    elif err["type"] == "extra_forbidden":
         allowed = _allowed_keys(loc[:-1])
         msg = "unknown key" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
     value = err.get("input")
@@ -572,7 +650,16 @@ def load_spec(path: str | Path) -> tuple[SweepSpec, str]:
     """Read and validate a spec file; returns the spec and its text (kept as an artifact)."""
     p = Path(path)
     try:
-        text = p.read_text()
+        raw = p.read_bytes()
     except OSError as exc:
         raise SpecError(str(path), [SpecProblem("", f"cannot read the spec: {exc.strerror}")]) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        kind = "UTF-16 text" if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else "not text"
+        raise SpecError(str(path), [SpecProblem("", f"the spec must be UTF-8 text; this file is {kind} (byte "
+                                                f"{exc.start} cannot be read): save it as UTF-8")]) from None
+    if "\x00" in text:
+        raise SpecError(str(path), [SpecProblem("", "the spec must be UTF-8 text; this file holds NUL bytes "
+                                                "(binary, or UTF-16/32): save it as UTF-8")])
     return parse_spec(text, str(path)), text

@@ -55,3 +55,27 @@ def test_final_infeasible_and_pruned_trials(tmp_path: Path) -> None:
     finally:
         _LIVE.pop(token, None)
     assert type(pickle.loads(pickle.dumps(cb2))) is not _SweepCallback  # no live sweep: an inert callback
+
+
+def test_an_objective_no_trial_reports_stops_the_sweep_listing_what_was_reported(tmp_path: Path) -> None:
+    text = SPEC.replace("constraints: [{metric: loss/val, max: 2.0}]", "constraints: [{metric: eval/accuracy, min: 0.9}]")
+    text = text.replace("search: {early_stopping: {grace_steps: 2}}\n", "")
+    spec = parse_spec(text)
+    tracker = SweepTracker(f"sqlite:///{tmp_path / 'm.db'}", "cb")
+    tracker.start_sweep("cb", "", text, {})
+    token = uuid.uuid4().hex
+    lines: list[str] = []
+    cb = _SweepCallback(spec, tracker, lines.append, token)
+    try:
+        trial = SimpleNamespace(trial_id="t1", config={"lr": 0.005})
+        cb.on_trial_start(0, [], trial)
+        cb.on_trial_result(1, [], trial, {"throughput/samples_per_s": 10.0, "loss/val": 1.5, "progress/steps": 10,
+                                          "progress/final": 1})
+        cb.on_trial_complete(1, [], trial)
+        tripped = cb.tripped
+    finally:
+        release(token)
+    row = cb.rows["t1"]
+    assert row.status == "config"
+    assert "the trial reported no eval/accuracy" in row.reason and "it reported: loss/val, throughput/samples_per_s" in row.reason
+    assert tripped.startswith("objective metric not reported") and any("STOPPING the sweep" in line for line in lines)

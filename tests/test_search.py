@@ -153,3 +153,19 @@ def test_asha_compares_trials_at_equal_measured_steps() -> None:
     scheduler = make_scheduler(spec)
     assert type(scheduler).__name__ == "AsyncHyperBandScheduler"
     assert (scheduler._time_attr, scheduler._metric, scheduler._mode) == ("progress/steps", TPUT, "max")
+
+
+def test_an_oom_bounds_the_batch_only_for_the_same_own_params() -> None:
+    import uuid
+
+    from sweeps.search import oom_excluded, record_oom, release
+
+    token = uuid.uuid4().hex
+    wide = {"precision": "32", "compile": False, "batch_size": 64, "params.hidden": 512}
+    try:
+        record_oom(token, wide)
+        assert oom_excluded(token, {**wide, "batch_size": 128}) == 64
+        assert oom_excluded(token, {**wide, "params.hidden": 64}) is None  # a narrower model may fit
+        assert oom_excluded(token, {**wide, "batch_size": 32}) is None
+    finally:
+        release(token)

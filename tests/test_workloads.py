@@ -22,8 +22,14 @@ TINY: dict[str, dict[str, object]] = {
     "mlp-tabular": {"num_train_rows": 1024, "num_val_rows": 256},
     "gpt-lm": {"preset": "tiny", "num_train_tokens": 32768, "num_val_tokens": 4096},
     "examples.custom_trainable:build": {"num_rows": 1024},
+    # the open step contract: dict batches + step_fn + optimizer groups + eval_fn; a Hugging Face
+    # model with a padding collate_fn and token counting; an IterableDataset that shards itself
+    "examples.dict_batch_model:build": {"num_rows": 1024},
+    "examples.hf_causal_lm:build": {"num_train_seqs": 256, "num_val_seqs": 32, "hidden_size": 32, "max_len": 24},
+    "examples.streaming:build": {"num_val_rows": 128},
 }
-WORKLOADS = [*registry.names(), "examples.custom_trainable:build"]
+WORKLOADS = [*registry.names(), "examples.custom_trainable:build", "examples.dict_batch_model:build",
+             "examples.hf_causal_lm:build", "examples.streaming:build"]
 
 
 def test_every_registered_workload_is_in_the_suite() -> None:

@@ -12,6 +12,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+LR_SCHEDULES: tuple[str, ...] = ("constant", "cosine")
+EVAL_PREFIX = "eval/"  # a workload's eval_fn metrics: eval/<name>
+
 # Precision vocabulary (Lightning-style names). "32" is strict fp32 with TF32 off.
 PRECISIONS: tuple[str, ...] = ("32", "tf32", "16-mixed", "bf16-mixed")
 
@@ -65,6 +68,16 @@ KNOWN_METRICS: tuple[str, ...] = tuple(
 )
 
 
+def is_final_only(key: str) -> bool:
+    """A metric only the final report carries (it needs validation or the whole window)."""
+    return key in (LOSS_VAL, TFLOPS, MFU_PCT, LOOP_S) or key.startswith(EVAL_PREFIX)
+
+
+def is_known_metric(key: str) -> bool:
+    """A metric a spec may name: one the loop reports, or a workload's own `eval/<name>`."""
+    return key in KNOWN_METRICS or (key.startswith(EVAL_PREFIX) and bool(METRIC_KEY.match(key)))
+
+
 def is_metric(key: str, value: Any) -> bool:
     """True for a clean, finite, numeric `group/name` metric (what goes to MLflow)."""
     return (
@@ -101,6 +114,10 @@ class TrialConfig:
     loader_timeout_s: float = 120.0  # longest wait for one batch from a loader worker (0: forever)
     collective_timeout_s: float = 600.0  # process-group timeout: a hung peer fails the trial after this
     checkpoint_every_steps: int = 0  # measured steps between checkpoints (0: none); a crashed trial resumes from one
+    grad_accum_steps: int = 1  # micro-batches per optimizer step (DDP syncs gradients on the last one only)
+    max_grad_norm: float = 0.0  # clip the global gradient norm to this after unscaling (0: no clipping)
+    lr_warmup_steps: int = 0  # optimizer steps of linear LR warm-up from lr/lr_warmup_steps to lr
+    lr_schedule: str = "constant"  # after warm-up: "constant", or "cosine" decay to 0 at the last step
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -109,6 +126,12 @@ class TrialConfig:
             raise ValueError("batch_size and num_steps must be >= 1, num_warmup_steps >= 0")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.grad_accum_steps < 1:
+            raise ValueError(f"grad_accum_steps must be >= 1, got {self.grad_accum_steps}")
+        if self.max_grad_norm < 0 or self.lr_warmup_steps < 0:
+            raise ValueError("max_grad_norm and lr_warmup_steps must be >= 0 (0: off)")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule {self.lr_schedule!r} is not one of {list(LR_SCHEDULES)}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -1,10 +1,15 @@
 """THE per-worker training loop: DDP + AMP, shared by every workload.
 
 Runs the same under Ray Train (which sets up the process group) and plain `torchrun`.
-Order per step, as in nanoGPT: fetch batch (timed as data wait) -> copy to device ->
-autocast forward -> scaled backward -> step/update -> zero_grad(set_to_none=True).
-Nothing syncs with the host per step; losses are accumulated on the device and read
-only when reporting, which happens every `report_every` steps, agreed by all ranks.
+Order per optimizer step, as in nanoGPT: for each of `grad_accum_steps` micro-batches, fetch
+(timed as data wait) -> count items -> copy to device -> autocast step_fn -> scaled backward
+(DDP's gradient all-reduce only on the last micro-batch) -> then unscale/clip -> step/update ->
+LR schedule -> zero_grad(set_to_none=True).
+
+Host syncs: none per step on the loop's side (losses accumulate on the device; items are counted
+on the host copy of the batch). They happen at the warm-up boundaries (to time a real step), at
+each report (every `report_every` steps, agreed by all ranks) and in validation. A user's
+`count_items` or `step_fn` may add its own (e.g. `.item()`): that is theirs to avoid.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import math
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +28,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Subset
 
 from trainables import contract, registry
+from trainables.batches import checked_count, checked_eval, default_counter, loss_of, move_to_device, xy_step
 from trainables.contract import CHECKPOINT_FILE, TrialConfig
 from trainables.devinfo import device_facts
 from trainables.errors import DivergedError, WorkloadError
@@ -52,20 +58,24 @@ def _all_reduce(values: list[float], device: torch.device, op: str = "sum") -> l
 
 
 def _make_loader(
-    dataset: Dataset[Any], cfg: TrialConfig, pin: bool, train: bool, rank: int, world: int
+    wl: Workload, cfg: TrialConfig, pin: bool, train: bool, rank: int, world: int
 ) -> tuple[DataLoader[Any], DistributedSampler[Any] | None]:
+    """A map-style dataset is sharded and shuffled here; an IterableDataset shards itself."""
+    dataset = wl.train_dataset if train else wl.val_dataset
+    iterable = isinstance(dataset, IterableDataset)
     sampler: DistributedSampler[Any] | None = None
-    if train and world > 1:
+    if train and world > 1 and not iterable:
         sampler = DistributedSampler(dataset, world, rank, shuffle=True, seed=cfg.seed, drop_last=True)
-    elif not train:  # exact shard, no padding: every validation sample counted once
+    elif not train and not iterable:  # exact shard, no padding: every validation sample counted once
         dataset = Subset(dataset, range(rank, len(dataset), world))  # type: ignore[arg-type]
     workers = cfg.num_dataloader_workers
     loader = DataLoader(
         dataset,
         batch_size=cfg.batch_size,
-        shuffle=train and sampler is None,
+        shuffle=train and sampler is None and not iterable,
         sampler=sampler,
         num_workers=workers,
+        collate_fn=wl.collate_fn,
         pin_memory=pin,
         drop_last=train,
         persistent_workers=train and workers > 0 and cfg.persistent_workers,
@@ -73,7 +83,7 @@ def _make_loader(
         timeout=cfg.loader_timeout_s if workers > 0 else 0,  # a hung loader worker fails the trial
         generator=torch.Generator().manual_seed(cfg.seed + rank) if sampler is None else None,
     )
-    if train and len(loader) == 0:
+    if train and not iterable and len(loader) == 0:
         raise WorkloadError(
             f"the training set has {len(dataset)} samples (per rank), fewer than batch_size="  # type: ignore[arg-type]
             f"{cfg.batch_size}: lower batch_size or enlarge the dataset"
@@ -81,7 +91,17 @@ def _make_loader(
     return loader, sampler
 
 
-def _batches(loader: DataLoader[Any], sampler: DistributedSampler[Any] | None) -> Iterator[Any]:
+def _batches(loader: DataLoader[Any], sampler: DistributedSampler[Any] | None, needed: int) -> Iterator[Any]:
+    """Epoch after epoch of a map-style dataset; an IterableDataset's stream once, which must last."""
+    if isinstance(loader.dataset, IterableDataset):
+        n = 0
+        for batch in loader:
+            n += 1
+            yield batch
+        raise WorkloadError(
+            f"the training IterableDataset ended after {n} batches on this rank, but the trial needs {needed} "
+            "((num_warmup_steps + num_steps) x grad_accum_steps): make the stream longer (or endless), or lower "
+            "budget.num_steps")
     epoch = 0
     while True:
         if sampler is not None:
@@ -102,29 +122,46 @@ def _close_loader(loader: DataLoader[Any], batches: Iterator[Any]) -> None:
     loader._iterator = None  # type: ignore[attr-defined]
 
 
-def _to(batch: Any, device: torch.device, non_blocking: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    x, y = batch
-    return x.to(device, non_blocking=non_blocking), y.to(device, non_blocking=non_blocking)
-
-
 @torch.no_grad()
 def _validate(
-    model: nn.Module, wl: Workload, cfg: TrialConfig, prec: Precision, device: torch.device, pin: bool
-) -> float:
+    model: nn.Module, wl: Workload, cfg: TrialConfig, prec: Precision, device: torch.device, pin: bool,
+    step: Callable[[nn.Module, Any], Any], count: Callable[[Any], int],
+) -> dict[str, float]:
+    """`loss/val` and the workload's `eval/<name>` metrics, each the item-weighted mean over the
+    whole validation set (every rank's shard), so a token-mean loss stays a token mean."""
     rank, world = _world()
-    loader, _ = _make_loader(wl.val_dataset, cfg, pin, train=False, rank=rank, world=world)
+    loader, _ = _make_loader(wl, cfg, pin, train=False, rank=rank, world=world)
     model.eval()
     total = torch.zeros((), dtype=torch.float64, device=device)
-    count = 0
+    extra: dict[str, torch.Tensor] = {}
+    count_sum = 0
+    channels_last = device.type == "cuda" and wl.channels_last
     for batch in loader:
-        x, y = _to(batch, device, pin)
+        n = checked_count(count, batch)
+        moved = move_to_device(batch, device, pin, channels_last)
         with prec.autocast():
-            loss = wl.loss_fn(model(x), y)
-        total += loss.double() * len(x)
-        count += len(x)
+            total += loss_of(step(model, moved), training=False).double() * n
+            values = checked_eval(wl.eval_fn(model, moved)) if wl.eval_fn is not None else {}
+        if extra and set(values) != set(extra):
+            raise WorkloadError(f"eval_fn returned {sorted(values)} for one batch and {sorted(extra)} for another: "
+                                "return the same names for every batch")
+        for name, value in values.items():
+            v = value.detach().double().reshape(()) if isinstance(value, torch.Tensor) else float(value)
+            extra[name] = extra.get(name, torch.zeros((), dtype=torch.float64, device=device)) + v * n
+        count_sum += n
     model.train()
-    summed, n = _all_reduce([total.item(), float(count)], device)
-    return summed / n
+    names = sorted(extra)
+    if world > 1:  # a rank whose shard was empty has no names: agree on them before summing
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, names)
+        names = sorted({n for g in gathered for n in g})
+    sums = _all_reduce([total.item(), float(count_sum),
+                        *[extra[n].item() if n in extra else 0.0 for n in names]], device)
+    if sums[1] == 0:
+        raise WorkloadError("the validation set gave no batches on any rank: give a non-empty val_dataset")
+    out = {contract.LOSS_VAL: sums[0] / sums[1]}
+    out.update({f"{contract.EVAL_PREFIX}{n}": v / sums[1] for n, v in zip(names, sums[2:], strict=True)})
+    return out
 
 
 def _telemetry_metrics(telemetry: Telemetry | None, elapsed: float, since_last: bool, world: int) -> dict[str, Any]:
@@ -152,20 +189,52 @@ def _flops_metrics(final: dict[str, Any], wl: Workload, cfg: TrialConfig, device
     return out
 
 
-def _save_state(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any, measured: int) -> None:
+def _save_state(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any, scheduler: Any,
+                measured: int) -> None:
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scaler": scaler.state_dict() if scaler is not None else {}, "measured_steps": measured},
+                "scaler": scaler.state_dict() if scaler is not None else {},
+                "scheduler": scheduler.state_dict() if scheduler is not None else {}, "measured_steps": measured},
                path / CHECKPOINT_FILE)
 
 
-def _load_state(path: str, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any, device: torch.device) -> int:
+def _load_state(path: str, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any, scheduler: Any,
+                device: torch.device) -> int:
     """Restore a checkpoint this loop wrote; tensors only (`weights_only`): nothing is unpickled."""
     state = torch.load(Path(path) / CHECKPOINT_FILE, map_location=device, weights_only=True)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     if scaler is not None and state["scaler"]:
         scaler.load_state_dict(state["scaler"])
+    if scheduler is not None and state.get("scheduler"):
+        scheduler.load_state_dict(state["scheduler"])
     return int(state["measured_steps"])
+
+
+def _make_optimizer(wl: Workload, model: nn.Module, cfg: TrialConfig, device: torch.device) -> torch.optim.Optimizer:
+    if wl.optimizer_fn is None:
+        return torch.optim.AdamW(model.parameters(), lr=cfg.lr, fused=device.type == "cuda")
+    optimizer = wl.optimizer_fn(model, cfg.lr)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise WorkloadError(f"optimizer_fn returned {type(optimizer).__name__}, not a torch.optim.Optimizer: build "
+                            "one over model's parameters with the lr it is given")
+    return optimizer
+
+
+def _make_schedule(optimizer: torch.optim.Optimizer, cfg: TrialConfig) -> torch.optim.lr_scheduler.LambdaLR | None:
+    """Linear warm-up over `lr_warmup_steps`, then constant or cosine to 0 at the trial's last step.
+    Multiplies each param group's own lr, so a workload's per-group rates keep their ratios."""
+    warm, total = cfg.lr_warmup_steps, cfg.num_warmup_steps + cfg.num_steps
+    if warm == 0 and cfg.lr_schedule == "constant":
+        return None
+
+    def factor(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        if cfg.lr_schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm))))
+        return 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 def train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dict[str, str] | None = None,
@@ -188,49 +257,65 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dic
 
     wl = registry.build(cfg.workload, cfg.workload_params, BuildContext(cfg.data_dir, cfg.seed, rank, world))
     model = wl.model.to(device)
-    if device.type == "cuda" and wl.channels_last:
+    channels_last = device.type == "cuda" and wl.channels_last
+    if channels_last:
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) if world > 1 else None
+    # Compile the DDP-wrapped model (PyTorch's guidance): DDP's optimizer splits the graph at its
+    # buckets, so the gradient all-reduce still overlaps backward.
+    ddp_model: nn.Module = ddp if ddp is not None else model
     if cfg.compile:
-        model = torch.compile(model)  # type: ignore[assignment]
-    ddp_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) if world > 1 else model
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, fused=device.type == "cuda")
+        ddp_model = torch.compile(ddp_model)  # type: ignore[assignment]
+    optimizer = _make_optimizer(wl, model, cfg, device)
+    scheduler = _make_schedule(optimizer, cfg)
     scaler = prec.make_scaler()
-    done_before = _load_state(resume_from, model, optimizer, scaler, device) if resume_from else 0
+    done_before = _load_state(resume_from, model, optimizer, scaler, scheduler, device) if resume_from else 0
     pin = cfg.pin_memory and device.type == "cuda"
     if cfg.pin_memory and not pin and rank == 0:
         warnings.warn("pin_memory=True has no effect without CUDA; running unpinned", stacklevel=2)
-    loader, sampler = _make_loader(wl.train_dataset, cfg, pin, train=True, rank=rank, world=world)
-    batches = _batches(loader, sampler)
+    accum = cfg.grad_accum_steps
+    loader, sampler = _make_loader(wl, cfg, pin, train=True, rank=rank, world=world)
+    batches = _batches(loader, sampler, needed=(cfg.num_warmup_steps + cfg.num_steps - done_before) * accum)
     timer = StepTimer(device)
     telemetry = Telemetry(device, cfg.telemetry_period_s) if cfg.telemetry_period_s > 0 else None
-    unit, per_item = wl.unit, wl.items_per_sample
+    unit = wl.unit
+    step_fn = wl.step_fn or xy_step(wl.loss_fn)  # type: ignore[arg-type]  # check() ensured one of them
+    count = wl.count_items or default_counter(wl.items_per_sample)
 
     loss_sum = torch.zeros((), dtype=torch.float32, device=device)
     loss_count = 0
+    items = 0  # counted in the measured window
     report_every = cfg.num_steps  # refined after warm-up from the measured step time
     warm_t0 = 0.0
+    mark = (0.0, 0, 0, 0.0)  # (elapsed, steps, items, data wait) at the previous report
 
     def window_metrics(final: bool = False) -> dict[str, Any]:
-        nonlocal loss_sum, loss_count
+        """One window per report: an interim report covers the steps since the previous report
+        (throughput, step time, data wait, telemetry and energy alike); the final one the whole
+        measured window. loss/train is the mean over the steps since the previous report."""
+        nonlocal loss_sum, loss_count, mark
         elapsed = timer.elapsed_s()
         if final and telemetry is not None:
             telemetry.stop()
-        summed = _all_reduce([timer.steps * cfg.batch_size * per_item, timer.data_wait_s / elapsed,
+        t0, steps0, items0, wait0 = (0.0, 0, 0, 0.0) if final else mark
+        mark = (elapsed, timer.steps, items, timer.data_wait_s)
+        span, steps = elapsed - t0, timer.steps - steps0
+        summed = _all_reduce([float(items - items0), (timer.data_wait_s - wait0) / max(span, 1e-12),
                               loss_sum.item(), float(loss_count)], device)
-        (max_elapsed,) = _all_reduce([elapsed], device, op="max")
-        items, wait_share, losses, counts = summed
+        (max_span,) = _all_reduce([span], device, op="max")
+        window_items, wait_share, losses, counts = summed
         train_loss = losses / max(counts, 1.0)
         if not math.isfinite(train_loss):
             raise DivergedError(f"training loss became {train_loss} by measured step {timer.steps}")
         loss_sum, loss_count = torch.zeros_like(loss_sum), 0
-        measured = _telemetry_metrics(telemetry, elapsed, since_last=not final, world=world)
-        if "energy/total_j" in measured and items > 0:
-            measured[contract.energy_key(unit)] = 1000.0 * measured["energy/total_j"] / items
+        measured = _telemetry_metrics(telemetry, span, since_last=not final, world=world)
+        if "energy/total_j" in measured and window_items > 0:
+            measured[contract.energy_key(unit)] = 1000.0 * measured["energy/total_j"] / window_items
         return measured | {
-            contract.throughput_key(unit): items / max_elapsed,
-            contract.per_worker_throughput_key(unit): items / max_elapsed / world,
+            contract.throughput_key(unit): window_items / max_span,
+            contract.per_worker_throughput_key(unit): window_items / max_span / world,
             contract.LOSS_TRAIN: train_loss,
-            contract.STEP_TIME_MS: 1000.0 * max_elapsed / max(timer.steps, 1),
+            contract.STEP_TIME_MS: 1000.0 * max_span / max(steps, 1),
             contract.DATA_WAIT_PCT: 100.0 * wait_share / world,
             contract.STEPS: done_before + timer.steps,
             contract.WORLD_SIZE: world,
@@ -242,31 +327,42 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dic
         for step in range(cfg.num_warmup_steps + cfg.num_steps - done_before):
             if step == cfg.num_warmup_steps:
                 if step >= 2:  # warm-up long enough to time: report about every report_interval_s
-                    (warm_step_s,) = _all_reduce([(timer.now() - warm_t0) / (step - 1)], device, op="max")
+                    (warm_step_s,) = _all_reduce([(timer.now(sync=True) - warm_t0) / (step - 1)], device, op="max")
                     report_every = max(1, int(cfg.report_interval_s / max(warm_step_s, 1e-9)))
                 timer.start()
                 if telemetry is not None:
                     telemetry.start()
             elif step == 1:
-                warm_t0 = timer.now()  # step 0 (allocations, loader start-up) is not representative
-            with timer.data_wait():
-                batch = next(batches)
-            with telemetry.h2d_copy(timer.measuring) if telemetry is not None else contextlib.nullcontext():
-                x, y = _to(batch, device, pin)
-            if device.type == "cuda" and wl.channels_last and x.dim() == 4:
-                x = x.contiguous(memory_format=torch.channels_last)
-            with prec.autocast():
-                loss = wl.loss_fn(ddp_model(x), y)
+                warm_t0 = timer.now(sync=True)  # step 0 (allocations, loader start-up) is not representative
+            for micro in range(accum):
+                with timer.data_wait():
+                    batch = next(batches)
+                n = checked_count(count, batch)
+                with telemetry.h2d_copy(timer.measuring) if telemetry is not None else contextlib.nullcontext():
+                    moved = move_to_device(batch, device, pin, channels_last)
+                # DDP all-reduces gradients on the last micro-batch only
+                with ddp.no_sync() if ddp is not None and micro < accum - 1 else contextlib.nullcontext():
+                    with prec.autocast():
+                        loss = loss_of(step_fn(ddp_model, moved), training=True)
+                    scaled = loss / accum if accum > 1 else loss
+                    (scaler.scale(scaled) if scaler is not None else scaled).backward()
+                if timer.measuring:
+                    items += n
+                    loss_sum += loss.detach().float() / accum
             if scaler is not None:
-                scaler.scale(loss).backward()
+                if cfg.max_grad_norm > 0:
+                    scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
                 scaler.step(optimizer)
                 scaler.update()
             else:
-                loss.backward()
+                if cfg.max_grad_norm > 0:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
                 optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             if timer.measuring:
-                loss_sum += loss.detach().float()
                 loss_count += 1
                 timer.step_done()
                 total = done_before + timer.steps
@@ -274,7 +370,7 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dic
                 if every and total % every == 0 and total < cfg.num_steps:  # same decision on every rank
                     with tempfile.TemporaryDirectory(prefix="ckpt-") as tmp:
                         if rank == 0:
-                            _save_state(Path(tmp), model, optimizer, scaler, total)
+                            _save_state(Path(tmp), model, optimizer, scaler, scheduler, total)
                         reporter.report(window_metrics(), checkpoint_dir=tmp if rank == 0 else None)
                 elif timer.steps % report_every == 0 and total < cfg.num_steps:
                     reporter.report(window_metrics())
@@ -284,7 +380,7 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dic
 
     final = window_metrics(final=True)
     _close_loader(loader, batches)  # after the last telemetry sample, which counts loader CPU
-    final[contract.LOSS_VAL] = _validate(ddp_model, wl, cfg, prec, device, pin)
+    final.update(_validate(ddp_model, wl, cfg, prec, device, pin, step_fn, count))
     if not math.isfinite(final[contract.LOSS_VAL]):
         raise DivergedError(f"validation loss is {final[contract.LOSS_VAL]}")
     final.update(_flops_metrics(final, wl, cfg, device, world))

@@ -25,8 +25,11 @@ class StepTimer:
         self.data_wait_s = 0.0
         self.steps = 0
 
-    def now(self) -> float:
-        """The timer's clock (host time; no device sync)."""
+    def now(self, sync: bool = False) -> float:
+        """The timer's clock: host time, after the device's queued work when `sync` (CUDA steps are
+        asynchronous: without it a step looks as fast as the host can queue it)."""
+        if sync:
+            self._sync()
         return self._clock()
 
     @property
@@ -109,6 +112,7 @@ class Telemetry:
         self._mark = 0
         self._copy_events: list[tuple[Any, Any]] = []
         self._copy_s = 0.0
+        self._copy_since_last = 0.0
 
     def start(self) -> None:
         if self.device.type == "cuda":
@@ -131,8 +135,9 @@ class Telemetry:
         self._copy_events.append((start, end))
 
     def rank_summary(self, elapsed_s: float, since_last: bool) -> dict[str, Any]:
-        """This rank's figures: sampled ones over the samples since the last call (a time
-        series point) or over the whole window; memory peaks and copy share are cumulative."""
+        """This rank's figures over the samples since the last call (`since_last`: an interim report)
+        or over the whole measured window (the final report); `elapsed_s` is that window's length.
+        Memory peaks are the peaks so far."""
         from trainables.sampler import summarize
 
         start = self._mark if since_last else 0
@@ -153,9 +158,13 @@ class Telemetry:
             out["memory/max_reserved_gib"] = reserved
             out["memory/total_gib"] = total
             out["memory/headroom_gib"] = total - reserved
-            # Cumulative over the window, like data wait. The caller synchronized: events are done.
-            self._copy_s += sum(a.elapsed_time(b) for a, b in self._copy_events) / 1000.0
+            # Over the same window as `elapsed_s` (since the last call, or all of it), like data
+            # wait. The caller synchronized: the events are done.
+            copied = sum(a.elapsed_time(b) for a, b in self._copy_events) / 1000.0
             self._copy_events.clear()
+            self._copy_s += copied
+            self._copy_since_last += copied
             if elapsed_s > 0:
-                out["time/h2d_copy_pct"] = 100.0 * self._copy_s / elapsed_s
+                out["time/h2d_copy_pct"] = 100.0 * (self._copy_since_last if since_last else self._copy_s) / elapsed_s
+            self._copy_since_last = 0.0
         return out

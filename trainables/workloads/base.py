@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 
 from trainables.contract import THROUGHPUT_UNITS
 from trainables.errors import WorkloadError
@@ -30,20 +30,40 @@ class BuildContext:
 
 @dataclass
 class Workload:
-    """A model, its data and its loss; the shared loop does the rest.
+    """A model, its data and how one step computes a loss; the shared loop does the rest.
 
-    Datasets yield ``(input, target)`` pairs. ``items_per_sample`` converts samples into
-    the throughput unit (e.g. tokens per sequence).
+    The minimal workload gives ``(input, target)`` datasets and ``loss_fn(output, target)``. Any
+    other batch shape (dicts, Hugging Face ``BatchEncoding``, dataclasses, nested tuples) needs
+    ``step_fn(model, batch) -> loss`` instead, where the loss is a scalar tensor, an object with
+    ``.loss`` or a mapping with ``"loss"``; validation runs the same function under ``no_grad``.
+
+    Optional pieces, each with the default the loop uses without it:
+
+    - ``count_items(batch) -> int``: the items trained on in a batch, in ``unit`` (e.g. non-padding
+      tokens); default: the leading dimension of the batch's first tensor x ``items_per_sample``.
+      Throughput, energy per 1k items and MFU use it; ``loss/val`` and ``eval/*`` are weighted by it.
+    - ``collate_fn``: the DataLoader's (e.g. padding variable-length sequences).
+    - ``optimizer_fn(model, lr) -> Optimizer``: default AdamW (fused on CUDA); ``lr`` is the trial's.
+    - ``eval_fn(model, batch) -> dict[str, number]``: extra validation metrics, averaged over the
+      whole validation set like ``loss/val`` and logged as ``eval/<name>``.
+
+    Datasets are map-style (with ``__len__``; the loop shards and shuffles them) or an
+    ``IterableDataset``, which shards itself by ``BuildContext.rank`` and loader worker.
     """
 
     model: nn.Module
     train_dataset: Dataset[Any]
     val_dataset: Dataset[Any]
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None
     unit: str = "samples"
     items_per_sample: int = 1
     flops_per_item: float | None = None  # training FLOPs (fwd+bwd) per unit item, for MFU
     channels_last: bool = False  # use channels_last memory format on GPU
+    step_fn: Callable[[nn.Module, Any], Any] | None = None
+    count_items: Callable[[Any], int] | None = None
+    collate_fn: Callable[[list[Any]], Any] | None = None
+    optimizer_fn: Callable[[nn.Module, float], torch.optim.Optimizer] | None = None
+    eval_fn: Callable[[nn.Module, Any], dict[str, Any]] | None = None
 
     def check(self, name: str) -> None:
         problems = []
@@ -51,12 +71,20 @@ class Workload:
             problems.append(f"model is {type(self.model).__name__}, not torch.nn.Module")
         for field in ("train_dataset", "val_dataset"):
             ds = getattr(self, field)
+            if isinstance(ds, IterableDataset):
+                continue
             if not isinstance(ds, Sized) or len(ds) == 0:
-                problems.append(f"{field} must be a non-empty map-style Dataset with __len__")
-        if not callable(self.loss_fn):
-            problems.append("loss_fn must be callable(output, target) -> scalar tensor")
+                problems.append(f"{field} must be a non-empty map-style Dataset with __len__, or an IterableDataset")
+        if self.loss_fn is None and self.step_fn is None:
+            problems.append("give loss_fn(output, target) for (input, target) batches, or step_fn(model, batch) -> loss")
+        for field in ("loss_fn", "step_fn", "count_items", "collate_fn", "optimizer_fn", "eval_fn"):
+            value = getattr(self, field)
+            if value is not None and not callable(value):
+                problems.append(f"{field} must be callable, got {type(value).__name__}")
         if self.unit not in THROUGHPUT_UNITS:
             problems.append(f"unit {self.unit!r} is not one of {list(THROUGHPUT_UNITS)}")
+        if not isinstance(self.items_per_sample, int) or self.items_per_sample < 1:
+            problems.append(f"items_per_sample must be an int >= 1, got {self.items_per_sample!r}")
         if problems:
             raise WorkloadError(f"workload {name!r} is malformed: " + "; ".join(problems))
 

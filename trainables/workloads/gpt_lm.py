@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,47 +24,11 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from trainables.workloads.base import BuildContext, Workload, ensure_cached
+from trainables.workloads.declared import GptLmParams as Params
+from trainables.workloads.declared import Preset
 
 UNIT = "tokens"
 _FORMAT_VERSION = 1
-
-
-@dataclass(frozen=True)
-class Preset:
-    n_layer: int
-    n_head: int
-    n_embd: int
-    seq_len: int
-    vocab_size: int  # padded to a multiple of 128
-    num_train_tokens: int
-    num_val_tokens: int
-
-
-PRESETS: dict[str, Preset] = {
-    "tiny": Preset(2, 4, 64, 64, 256, 1 << 17, 1 << 14),
-    "gpt2-small": Preset(12, 12, 768, 1024, 50304, 1 << 22, 1 << 18),  # 124M params
-}
-
-
-@dataclass(frozen=True)
-class Params:
-    preset: str = "tiny"
-    seq_len: int | None = None  # default: the preset's
-    num_train_tokens: int | None = None
-    num_val_tokens: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.preset not in PRESETS:
-            raise ValueError(f"preset {self.preset!r} is not one of {sorted(PRESETS)}")
-        for name in ("seq_len", "num_train_tokens", "num_val_tokens"):
-            value = getattr(self, name)
-            if value is not None and value < 2:
-                raise ValueError(f"{name} must be >= 2")
-
-    def resolved(self) -> Preset:
-        p = PRESETS[self.preset]
-        return Preset(p.n_layer, p.n_head, p.n_embd, self.seq_len or p.seq_len, p.vocab_size,
-                      self.num_train_tokens or p.num_train_tokens, self.num_val_tokens or p.num_val_tokens)
 
 
 # --- data: generated text -> word tokens -> uint16 shards -------------------------------

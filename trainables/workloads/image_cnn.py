@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from trainables.workloads.base import BuildContext, Workload, ensure_cached
+from trainables.workloads.declared import ImageCnnParams as Params
 
 logger = logging.getLogger(__name__)
 
@@ -29,23 +29,6 @@ _SHAPES = ("circle", "square", "triangle", "cross", "ring")
 _MEAN = torch.tensor([0.5, 0.5, 0.5]).view(3, 1, 1)
 _STD = torch.tensor([0.25, 0.25, 0.25]).view(3, 1, 1)
 _FORMAT_VERSION = 1  # bump when the generator changes, so old caches are not reused
-
-
-@dataclass(frozen=True)
-class Params:
-    image_size: int = 32
-    num_train_images: int = 1024
-    num_val_images: int = 256
-    width: int = 16  # channels of the first stage; doubled per stage
-    depth: int = 1  # residual blocks per stage (3 stages)
-
-    def __post_init__(self) -> None:
-        if self.image_size < 16:
-            raise ValueError(f"image_size must be >= 16, got {self.image_size}")
-        if self.num_train_images < 1 or self.num_val_images < 1:
-            raise ValueError("num_train_images and num_val_images must be >= 1")
-        if self.width < 1 or self.depth < 1:
-            raise ValueError("width and depth must be >= 1")
 
 
 # --- data ----------------------------------------------------------------------------

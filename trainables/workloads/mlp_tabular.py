@@ -2,27 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
 from trainables.workloads.base import BuildContext, Workload
-
-
-@dataclass(frozen=True)
-class Params:
-    num_features: int = 16
-    hidden: int = 64
-    num_train_rows: int = 4096
-    num_val_rows: int = 512
-
-    def __post_init__(self) -> None:
-        if min(self.num_features, self.hidden, self.num_train_rows, self.num_val_rows) < 1:
-            raise ValueError("num_features, hidden, num_train_rows and num_val_rows must be >= 1")
-
+from trainables.workloads.declared import MlpTabularParams as Params
 
 UNIT = "samples"
 
