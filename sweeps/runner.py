@@ -248,10 +248,13 @@ def _interrupt_tune() -> bool:
 
 def _concurrency_note(spec: SweepSpec, resources: dict[str, float]) -> str:
     """How many trials fit the cluster at once (all workers of a trial start together)."""
-    need = spec.scaling.per_trial()
+    need = spec.per_trial()
     fits = min(int(resources.get(k, 0) // v) for k, v in need.items() if v > 0)
     asked = spec.budget.max_concurrent_trials
-    note = f"cluster fits {fits} trial(s) at once ({need['CPU']} CPU, {need['GPU']:g} GPU each); running {asked}"
+    loaders = spec.max_loader_workers()
+    also = f", with {loaders} loader worker(s) per rank" if loaders and spec.scaling.cpus_per_loader_worker else ""
+    note = (f"cluster fits {fits} trial(s) at once ({need['CPU']:g} CPU, {need['GPU']:g} GPU each at most{also}); "
+            f"running {asked}")
     if fits == 0:
         return note + " — WARNING: not even one trial fits now; trials wait for the autoscaler or fail"
     if asked > fits:
@@ -261,13 +264,20 @@ def _concurrency_note(spec: SweepSpec, resources: dict[str, float]) -> str:
 
 def refuse_if_never_fits(spec: SweepSpec, resources: dict[str, float]) -> None:
     """On a fixed cluster (a local one), a trial that needs more than there is would wait forever."""
-    sc, need = spec.scaling, spec.scaling.per_trial()
+    sc, need, loaders = spec.scaling, spec.per_trial(), spec.max_loader_workers()
     problems = []
     have_cpu, have_gpu = resources.get("CPU", 0), resources.get("GPU", 0)
-    if need["CPU"] > have_cpu:
+    if need["CPU"] > have_cpu and not (loaders and sc.cpus_per_loader_worker):
         problems.append(SpecProblem("scaling", f"a trial needs num_workers x cpus_per_worker = {sc.num_workers} x "
                                     f"{sc.cpus_per_worker} CPUs but this cluster has {have_cpu:g}; lower them or "
                                     "run on a bigger cluster (ray job submit)"))
+    elif need["CPU"] > have_cpu:
+        problems.append(SpecProblem("scaling", f"the largest trial needs num_workers x (cpus_per_worker + "
+                                    f"num_dataloader_workers x cpus_per_loader_worker) = {sc.num_workers} x "
+                                    f"({sc.cpus_per_worker} + {loaders} x {sc.cpus_per_loader_worker:g}) = "
+                                    f"{need['CPU']:g} CPUs but this cluster has {have_cpu:g}; search fewer loader "
+                                    "workers, or on a small machine declare a smaller share "
+                                    "(scaling.cpus_per_loader_worker: 0.5, or 0 to let loaders share their rank's cores)"))
     if need["GPU"] > have_gpu:
         problems.append(SpecProblem("scaling", f"a trial needs {need['GPU']:g} GPUs but this "
                                     f"cluster has {have_gpu:g}; set use_gpu: false or run where GPUs are"))

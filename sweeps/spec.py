@@ -125,6 +125,7 @@ KNOBS: dict[str, tuple[Scalar, type, str]] = {
     "prefetch_factor": (2, int, "an integer >= 1 (batches per loader worker in flight)"),
     "persistent_workers": (True, bool, "true or false"),
     "compile": (False, bool, "true or false"),
+    "tf32_under_autocast": (False, bool, "true or false (mixed precisions on CUDA: fp32 matmuls left by autocast use TF32)"),
     # Optimisation knobs: a spec that does not name one gets the default (and it is still logged).
     "grad_accum_steps": (1, int, "an integer >= 1 (micro-batches per optimizer step)"),
     "max_grad_norm": (0.0, float, "a number >= 0 (0: no clipping)"),
@@ -172,6 +173,7 @@ class SpaceSpec(BaseModel):
     prefetch_factor: Param = FixedParam(type="fixed", value=2)
     persistent_workers: Param = FixedParam(type="fixed", value=True)
     compile: Param = FixedParam(type="fixed", value=False)
+    tf32_under_autocast: Param | None = None
     grad_accum_steps: Param | None = None
     max_grad_norm: Param | None = None
     lr_warmup_steps: Param | None = None
@@ -427,10 +429,19 @@ class ScalingSpec(BaseModel):
     use_gpu: bool = False
     cpus_per_worker: int = Field(default=1, ge=1)
     gpus_per_worker: float = Field(default=0.0, ge=0)
+    accelerator_type: str | None = Field(default=None, description="Ray's accelerator label (e.g. H100, A100): "
+                                         "every rank of every trial lands on this GPU type")
+    cpus_per_loader_worker: float = Field(default=1.0, ge=0, description="CPUs reserved for each dataloader "
+                                          "worker process of a rank, on top of cpus_per_worker")
 
-    def per_trial(self) -> dict[str, float]:
+    def cpus_per_rank(self, loader_workers: int) -> float:
+        """What one Train worker reserves: its own cores and its loader worker processes' share."""
+        return self.cpus_per_worker + loader_workers * self.cpus_per_loader_worker
+
+    def per_trial(self, loader_workers: int = 0) -> dict[str, float]:
         """What one trial holds at once: all its workers start together."""
-        return {"CPU": self.num_workers * self.cpus_per_worker, "GPU": self.num_workers * self.gpus_per_worker}
+        return {"CPU": self.num_workers * self.cpus_per_rank(loader_workers),
+                "GPU": self.num_workers * self.gpus_per_worker}
 
     @model_validator(mode="after")
     def _gpus(self) -> ScalingSpec:
@@ -438,6 +449,14 @@ class ScalingSpec(BaseModel):
             object.__setattr__(self, "gpus_per_worker", 1.0)
         if not self.use_gpu and self.gpus_per_worker > 0:
             raise ValueError("gpus_per_worker > 0 needs use_gpu: true")
+        if self.use_gpu and self.gpus_per_worker != 1:
+            why = ("two or more ranks would share one GPU: NCCL refuses two ranks on one device, and their "
+                   "utilisation, memory and MFU could not be told apart" if self.gpus_per_worker < 1 else
+                   "the DDP loop drives one GPU per rank; the others would sit idle while counted in MFU")
+            raise ValueError(f"gpus_per_worker must be 1 with use_gpu ({why}); for more GPUs per trial raise "
+                             "num_workers (one rank per GPU)")
+        if self.accelerator_type is not None and not self.use_gpu:
+            raise ValueError("accelerator_type pins GPU workers to a GPU type; it needs use_gpu: true")
         return self
 
 
@@ -519,6 +538,14 @@ class SweepSpec(BaseModel):
                 raise ValueError(f"budget.num_trials: the grid has {len(points)} combinations ({sizes}); "
                                  f"set num_trials: {len(points)}")
         return self
+
+    def max_loader_workers(self) -> int:
+        """The most dataloader workers per rank any trial of the space can start."""
+        return int(max(_param_values(self.space.num_dataloader_workers)))
+
+    def per_trial(self) -> dict[str, float]:
+        """What the largest trial the space allows holds at once (loader workers included)."""
+        return self.scaling.per_trial(self.max_loader_workers())
 
     @model_validator(mode="after")
     def _own_params(self) -> SweepSpec:

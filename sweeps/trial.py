@@ -40,7 +40,10 @@ def make_trainer(cfg: TrialConfig, scaling: ScalingSpec, name: str, storage_path
         scaling_config=ray.train.ScalingConfig(
             num_workers=scaling.num_workers,
             use_gpu=scaling.use_gpu,
-            resources_per_worker={"CPU": scaling.cpus_per_worker, "GPU": scaling.gpus_per_worker},
+            # the rank's own cores and its loader workers' share: loader processes run on cores that
+            # would otherwise be counted free for another rank or trial (and bias the searched knob)
+            resources_per_worker={"CPU": scaling.cpus_per_rank(cfg.num_dataloader_workers), "GPU": scaling.gpus_per_worker},
+            accelerator_type=scaling.accelerator_type,
         ),
         run_config=ray.train.RunConfig(
             name=name,

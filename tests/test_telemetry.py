@@ -133,3 +133,35 @@ def test_cpu_run_has_cpu_telemetry_and_no_gpu_metrics(data_dir: Path) -> None:
 def test_verdict_rules(metrics: dict[str, float], params: dict[str, int], name: str) -> None:
     v = verdict(metrics, params)
     assert v.name == name and v.reason
+
+
+def test_clock_reason_aliases_of_user_set_clocks_are_not_throttling() -> None:
+    nvml = _two_gpus()
+    nvml.nvmlClocksEventReasonApplicationsClocksSetting = 2  # type: ignore[attr-defined]
+    nvml.nvmlClocksEventReasonUserDefinedClocks = 2  # type: ignore[attr-defined]  # NVML's alias of the same bit
+    nvml.nvmlClocksEventReasonSwThermalSlowdown = 32  # type: ignore[attr-defined]
+    dev = NvmlDevice(nvml, GpuIdentity(uuid=UUID_A))
+    assert dev.clock_reason_names(2 | 4) == ["SwPowerCap"]
+    assert dev.clock_reason_names(2 | 32 | 64) == ["HwThermalSlowdown", "SwThermalSlowdown"]
+
+
+def test_gpm_samples_are_freed_when_a_gpm_call_fails_and_at_the_end() -> None:
+    nvml = _two_gpus()
+    freed: list[object] = []
+    allocated: list[object] = []
+    alloc, free = nvml.nvmlGpmSampleAlloc, nvml.nvmlGpmSampleFree
+    nvml.nvmlGpmSampleAlloc = lambda: allocated.append(alloc()) or allocated[-1]  # type: ignore[method-assign]
+    nvml.nvmlGpmSampleFree = lambda s: freed.append(s) or free(s)  # type: ignore[method-assign]
+    dev = NvmlDevice(nvml, GpuIdentity(uuid=UUID_A))
+    dev.read()
+    get = nvml.nvmlGpmSampleGet
+
+    def failing_get(h: int, sample: object) -> object:
+        raise nvml.NVMLError("GPM: GPU is lost")
+
+    nvml.nvmlGpmSampleGet = failing_get  # type: ignore[method-assign]
+    dev.read()  # the sample allocated for this read is freed, not leaked
+    nvml.nvmlGpmSampleGet = get  # type: ignore[method-assign]
+    dev.read()
+    dev.close()
+    assert len(allocated) == 3 and {id(s) for s in freed} == {id(s) for s in allocated}

@@ -40,6 +40,7 @@ GPU_POWER_MEAN_W = "gpu/power_mean_w"
 H2D_COPY_PCT = "time/h2d_copy_pct"
 CPU_WORKER_PCT = "cpu/worker_util_mean_pct"  # % of one core, the training process itself
 CPU_LOADERS_PCT = "cpu/loader_util_mean_pct"  # % of one core, summed over its dataloader workers
+CPU_CORES_USED = "cpu/cores_used"  # cores busy, all ranks: training processes and their loader workers
 MEM_HEADROOM_GIB = "memory/headroom_gib"
 MEM_TOTAL_GIB = "memory/total_gib"
 
@@ -64,7 +65,7 @@ KNOWN_METRICS: tuple[str, ...] = tuple(
     + [per_worker_throughput_key(u) for u in THROUGHPUT_UNITS]
     + [energy_key(u) for u in THROUGHPUT_UNITS]
     + [LOSS_TRAIN, LOSS_VAL, STEP_TIME_MS, DATA_WAIT_PCT, TFLOPS, MFU_PCT, GPU_UTIL_MEAN_PCT, GPU_MEM_PEAK_GIB,
-       GPU_POWER_MEAN_W, H2D_COPY_PCT, CPU_WORKER_PCT, CPU_LOADERS_PCT, MEM_HEADROOM_GIB, LOOP_S]
+       GPU_POWER_MEAN_W, H2D_COPY_PCT, CPU_WORKER_PCT, CPU_LOADERS_PCT, CPU_CORES_USED, MEM_HEADROOM_GIB, LOOP_S]
 )
 
 
@@ -118,6 +119,7 @@ class TrialConfig:
     max_grad_norm: float = 0.0  # clip the global gradient norm to this after unscaling (0: no clipping)
     lr_warmup_steps: int = 0  # optimizer steps of linear LR warm-up from lr/lr_warmup_steps to lr
     lr_schedule: str = "constant"  # after warm-up: "constant", or "cosine" decay to 0 at the last step
+    tf32_under_autocast: bool = False  # mixed precisions: fp32 matmuls/convolutions left by autocast use TF32 (CUDA)
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:

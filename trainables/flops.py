@@ -6,6 +6,8 @@ Matched by substring of `torch.cuda.get_device_name()`, most specific first.
 
 from __future__ import annotations
 
+from collections import Counter
+
 _TFLOPS: list[tuple[str, dict[str, float]]] = [
     # name fragment, {precision: dense peak TFLOP/s}
     ("H200", {"bf16-mixed": 989.4, "16-mixed": 989.4, "tf32": 494.7, "32": 66.9}),
@@ -23,3 +25,19 @@ def peak_flops(device_name: str, precision: str) -> float | None:
             tflops = table.get(precision)
             return tflops * 1e12 if tflops is not None else None
     return None
+
+
+def cluster_peak(devices: list[tuple[str, str]], precision: str) -> tuple[float | None, dict[str, str]]:
+    """The summed peak of a trial's GPUs, each rank's own (name, uuid), and what to tag about them.
+
+    None where any rank's peak is unknown or ranks share a GPU (MFU is then absent, not wrong). Ranks
+    on different GPU models still get an MFU over their own peaks, and a `device/gpu_models_mixed` tag."""
+    facts = {"device/gpu_count": str(len({uuid for _, uuid in devices}))}
+    models = Counter(name for name, _ in devices)
+    if len(models) > 1:
+        facts["device/gpu_models_mixed"] = ", ".join(f"{name} x{n}" for name, n in sorted(models.items()))
+    if len({uuid for _, uuid in devices}) < len(devices):
+        facts["device/gpu_shared"] = f"{len(devices)} ranks on {facts['device/gpu_count']} GPUs: MFU not computed"
+        return None, facts
+    peaks = [peak_flops(name, precision) for name, _ in devices]
+    return (sum(p for p in peaks if p is not None) if all(p is not None for p in peaks) else None), facts

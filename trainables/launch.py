@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainables.contract import CHECKPOINT_FILE, PRECISIONS, TrialConfig
+from trainables.contract import CHECKPOINT_FILE, LR_SCHEDULES, PRECISIONS, TrialConfig
 from trainables.loop import train
 from trainables.reporting import JsonlReporter
 
@@ -66,6 +66,11 @@ def _parse(argv: list[str] | None) -> tuple[Path | None, TrialConfig]:
     p.add_argument("--loader-timeout-s", type=float, default=120.0, help="longest wait for one batch (0: forever)")
     p.add_argument("--collective-timeout-s", type=float, default=600.0, help="process-group timeout (hung peer)")
     p.add_argument("--checkpoint-every-steps", type=int, default=0, help="save a checkpoint every N measured steps")
+    p.add_argument("--grad-accum-steps", type=int, default=1, help="micro-batches per optimizer step")
+    p.add_argument("--max-grad-norm", type=float, default=0.0, help="clip the gradient norm (0: off)")
+    p.add_argument("--lr-warmup-steps", type=int, default=0, help="linear LR warm-up steps")
+    p.add_argument("--lr-schedule", choices=LR_SCHEDULES, default="constant")
+    p.add_argument("--tf32-under-autocast", action="store_true", help="mixed precisions: TF32 for fp32 matmuls (CUDA)")
     p.add_argument("--checkpoint-dir", type=Path, default=None,
                    help="keep the latest checkpoint here and resume from it on (re)start (torchrun --max-restarts)")
     a = p.parse_args(argv)
@@ -80,7 +85,9 @@ def _parse(argv: list[str] | None) -> tuple[Path | None, TrialConfig]:
         use_gpu=torch.cuda.is_available(), threads_per_worker=a.threads_per_worker,
         report_interval_s=a.report_interval_s, seed=a.seed, data_dir=a.data_dir, metrics_path=a.metrics_path,
         loader_timeout_s=a.loader_timeout_s, collective_timeout_s=a.collective_timeout_s,
-        checkpoint_every_steps=a.checkpoint_every_steps,
+        checkpoint_every_steps=a.checkpoint_every_steps, grad_accum_steps=a.grad_accum_steps,
+        max_grad_norm=a.max_grad_norm, lr_warmup_steps=a.lr_warmup_steps, lr_schedule=a.lr_schedule,
+        tf32_under_autocast=a.tf32_under_autocast,
     )
 
 

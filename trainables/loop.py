@@ -35,7 +35,7 @@ from trainables.batches import checked_count, checked_eval, default_counter, los
 from trainables.contract import CHECKPOINT_FILE, TrialConfig
 from trainables.devinfo import device_facts
 from trainables.errors import DivergedError, WorkloadError
-from trainables.flops import peak_flops
+from trainables.flops import cluster_peak
 from trainables.precision import Precision, resolve_precision
 from trainables.reporting import Reporter
 from trainables.telemetry import StepTimer, Telemetry, combine_ranks
@@ -176,16 +176,26 @@ def _telemetry_metrics(telemetry: Telemetry | None, elapsed: float, since_last: 
     return combine_ranks(gathered)
 
 
-def _flops_metrics(final: dict[str, Any], wl: Workload, cfg: TrialConfig, device: torch.device, world: int) -> dict[str, float]:
-    """Achieved TFLOP/s where the workload knows its FLOPs; MFU where the peak is known too."""
+def _gpu_layout(device: torch.device, precision: str, world: int) -> tuple[float | None, dict[str, str]]:
+    """Every rank's GPU model and UUID (all ranks call this): the trial's summed peak FLOP/s and tags."""
+    if device.type != "cuda":
+        return None, {}
+    mine = (torch.cuda.get_device_name(device), str(getattr(torch.cuda.get_device_properties(device), "uuid", device)))
+    devices: list[Any] = [mine]
+    if world > 1:
+        devices = [None] * world
+        dist.all_gather_object(devices, mine)
+    return cluster_peak([tuple(d) for d in devices], precision)
+
+
+def _flops_metrics(final: dict[str, Any], wl: Workload, peak: float | None) -> dict[str, float]:
+    """Achieved TFLOP/s where the workload knows its FLOPs; MFU where every rank's peak is known too."""
     if wl.flops_per_item is None:
         return {}
     achieved = final[contract.throughput_key(wl.unit)] * wl.flops_per_item
     out = {contract.TFLOPS: achieved / 1e12}
-    if device.type == "cuda":
-        peak = peak_flops(torch.cuda.get_device_name(device), cfg.precision)
-        if peak is not None:
-            out[contract.MFU_PCT] = 100.0 * achieved / (peak * world)
+    if peak is not None:
+        out[contract.MFU_PCT] = 100.0 * achieved / peak
     return out
 
 
@@ -252,8 +262,10 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dic
     if device.type == "cuda":
         torch.cuda.set_device(device)
     torch.manual_seed(cfg.seed)
-    prec = resolve_precision(cfg.precision, device)  # before any work: unsupported fails fast
-    prec.apply_matmul_flags()
+    prec = resolve_precision(cfg.precision, device, cfg.tf32_under_autocast)  # before any work: unsupported fails fast
+    precision_flags = prec.apply_matmul_flags()
+    if cfg.tf32_under_autocast and device.type != "cuda" and rank == 0:
+        warnings.warn("tf32_under_autocast has no effect without CUDA (a CPU has no TF32)", stacklevel=2)
 
     wl = registry.build(cfg.workload, cfg.workload_params, BuildContext(cfg.data_dir, cfg.seed, rank, world))
     model = wl.model.to(device)
@@ -309,6 +321,9 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dic
             raise DivergedError(f"training loss became {train_loss} by measured step {timer.steps}")
         loss_sum, loss_count = torch.zeros_like(loss_sum), 0
         measured = _telemetry_metrics(telemetry, span, since_last=not final, world=world)
+        if contract.CPU_WORKER_PCT in measured and contract.CPU_LOADERS_PCT in measured:  # cores busy, all ranks
+            measured[contract.CPU_CORES_USED] = world * (measured[contract.CPU_WORKER_PCT]
+                                                         + measured[contract.CPU_LOADERS_PCT]) / 100.0
         if "energy/total_j" in measured and window_items > 0:
             measured[contract.energy_key(unit)] = 1000.0 * measured["energy/total_j"] / window_items
         return measured | {
@@ -383,17 +398,17 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dic
     final.update(_validate(ddp_model, wl, cfg, prec, device, pin, step_fn, count))
     if not math.isfinite(final[contract.LOSS_VAL]):
         raise DivergedError(f"validation loss is {final[contract.LOSS_VAL]}")
-    final.update(_flops_metrics(final, wl, cfg, device, world))
+    peak, gpu_facts = _gpu_layout(device, cfg.precision, world)
+    final.update(_flops_metrics(final, wl, peak))
     final[contract.FINAL] = 1
     if done_before:
         final[contract.RESTORED_FROM] = done_before
     (final[contract.LOOP_S],) = _all_reduce([time.perf_counter() - loop_t0], device, op="max")
     if rank == 0:
-        final.update(device_facts(device))
+        final.update(device_facts(device) | precision_flags)
         if telemetry is not None:
             final.update(telemetry.facts)
-        if device.type == "cuda":
-            final["device/gpu_count"] = str(world)
+        final.update(gpu_facts)  # device/gpu_count counts GPUs (by UUID), not ranks
         final.update(facts or {})
     reporter.report(final)
     return final

@@ -28,12 +28,20 @@ class Precision:
     use_scaler: bool
     allow_tf32: bool
 
-    def apply_matmul_flags(self) -> None:
-        """Set TF32 on or off for this process (strict "32" really means fp32)."""
+    def apply_matmul_flags(self) -> dict[str, str]:
+        """Set TF32 on or off for this process (strict "32" really means fp32) and return the flags
+        now in effect, as tags: what a trial's numbers were measured under, not what was meant."""
         if self.device_type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = self.allow_tf32
             torch.backends.cudnn.allow_tf32 = self.allow_tf32
         torch.set_float32_matmul_precision("high" if self.allow_tf32 else "highest")
+        return {
+            "precision/float32_matmul": torch.get_float32_matmul_precision(),
+            "precision/cuda_matmul_tf32": str(torch.backends.cuda.matmul.allow_tf32),
+            "precision/cudnn_tf32": str(torch.backends.cudnn.allow_tf32),
+            "precision/autocast_dtype": str(self.autocast_dtype).removeprefix("torch.") if self.autocast_dtype else "none",
+            "precision/grad_scaler": str(self.use_scaler),
+        }
 
     def autocast(self) -> AbstractContextManager[object]:
         if self.autocast_dtype is None:
@@ -44,8 +52,15 @@ class Precision:
         return torch.amp.GradScaler(self.device_type) if self.use_scaler else None
 
 
-def resolve_precision(name: str, device: torch.device) -> Precision:
-    """Map a precision name to what it means on `device`, or raise `UnsupportedError`."""
+def resolve_precision(name: str, device: torch.device, tf32_under_autocast: bool = False) -> Precision:
+    """Map a precision name to what it means on `device`, or raise `UnsupportedError`.
+
+    TF32 is on only for "tf32", or for a mixed precision with `tf32_under_autocast` (the fp32
+    matmuls and convolutions autocast leaves in fp32 then use TF32): a mixed precision never
+    switches it on silently."""
+    if tf32_under_autocast and name == "32":
+        raise UnsupportedError("precision 32 is strict fp32: tf32_under_autocast applies to 16-mixed/bf16-mixed; "
+                               "use precision tf32 for TF32 without autocast")
     if name not in PRECISIONS:
         raise ValueError(f"unknown precision {name!r}; choose one of {list(PRECISIONS)}")
     kind = device.type
@@ -66,5 +81,5 @@ def resolve_precision(name: str, device: torch.device) -> Precision:
         device_type=kind,
         autocast_dtype={"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}.get(name),
         use_scaler=name == "16-mixed",
-        allow_tf32=name != "32" and kind == "cuda",
+        allow_tf32=kind == "cuda" and (name == "tf32" or (tf32_under_autocast and name != "32")),
     )

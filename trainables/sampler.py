@@ -19,7 +19,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 _MIB = 1024**2
 _GIB = 1024**3
-_IGNORED_CLOCK_REASONS = ("GpuIdle", "ApplicationsClocksSetting", "None")
+_IGNORED_CLOCK_REASONS = ("GpuIdle", "ApplicationsClocksSetting", "UserDefinedClocks", "None")
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,10 @@ class NvmlDevice:
         """SM and tensor activity between this sample and the previous one (Hopper+)."""
         n = self.nvml
         sample = self._call(n.nvmlGpmSampleAlloc)
-        if sample is None or self._call(lambda: n.nvmlGpmSampleGet(self.handle, sample)) is None:
+        if sample is None:
+            return {}
+        if self._call(lambda: n.nvmlGpmSampleGet(self.handle, sample)) is None:
+            self._call(lambda: n.nvmlGpmSampleFree(sample))  # allocated, never used: NVML memory otherwise
             return {}
         prev, self._gpm_prev = self._gpm_prev, sample
         if prev is None:
@@ -126,15 +129,24 @@ class NvmlDevice:
         names = ("sm_active", "tensor_active")
         return {names[i]: float(got.metrics[i].value) for i in range(2) if got.metrics[i].nvmlReturn == 0}
 
+    def close(self) -> None:
+        """Free the GPM sample kept for the next delta."""
+        prev, self._gpm_prev = self._gpm_prev, None
+        if prev is not None:
+            self._call(lambda: self.nvml.nvmlGpmSampleFree(prev))
+
     def clock_reason_names(self, mask: int) -> list[str]:
-        names = []
+        """The clock-event reasons in `mask` that limit performance, one name per bit. NVML names some
+        bits twice (UserDefinedClocks is ApplicationsClocksSetting): a bit any of whose names is not a
+        throttle (idle, clocks the user set) is never reported, whatever alias it is met under."""
+        aliases: dict[int, set[str]] = {}
         for attr in dir(self.nvml):
             if attr.startswith("nvmlClocksEventReason") and attr != "nvmlClocksEventReasonAll":
-                short = attr.removeprefix("nvmlClocksEventReason")
                 bit = getattr(self.nvml, attr)
-                if isinstance(bit, int) and bit and mask & bit and short not in _IGNORED_CLOCK_REASONS:
-                    names.append(short)
-        return sorted(names)
+                if isinstance(bit, int) and bit > 0 and bit & (bit - 1) == 0:  # one bit: not a combination
+                    aliases.setdefault(bit, set()).add(attr.removeprefix("nvmlClocksEventReason"))
+        return sorted(min(names) for bit, names in aliases.items()
+                      if mask & bit and not names & set(_IGNORED_CLOCK_REASONS))
 
 
 def _scale(v: Any, k: float) -> float | None:

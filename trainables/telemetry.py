@@ -121,6 +121,8 @@ class Telemetry:
 
     def stop(self) -> None:
         self.sampler.stop()
+        if self.gpu is not None:
+            self.gpu.close()
 
     @contextlib.contextmanager
     def h2d_copy(self, measuring: bool) -> Iterator[None]:
@@ -144,6 +146,11 @@ class Telemetry:
         samples = self.sampler.window(start)
         self._mark = len(self.sampler.samples)
         out: dict[str, Any] = summarize(samples)
+        if since_last and start > 0:  # a counter's delta runs from the previous window's last sample,
+            # so consecutive windows add up to the whole (their means stay over their own samples)
+            counters = summarize(self.sampler.window(start - 1))
+            if "energy/total_j" in counters:
+                out["energy/total_j"] = counters["energy/total_j"]
         if self.gpu is not None:
             masks = [int(s["clock_reasons"]) for s in samples if "clock_reasons" in s]
             if masks:
