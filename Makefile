@@ -49,7 +49,7 @@ clean:
 	rm -rf mlflow.db mlartifacts ray_results .cache
 
 # The CPU benchmark set; results append to benchmarks/results.jsonl. docs/benchmarks.md quotes fuller
-# runs, each with its command. Timed at 12 min 9 s on 2 cores (docs/benchmarks.md, `make bench`).
+# runs, each with its command and the results.jsonl row it came from.
 bench: install
 	cd benchmarks && ../$(PY) data_pipeline.py --rounds 3
 	cd benchmarks && ../$(PY) telemetry_overhead.py --pairs 6

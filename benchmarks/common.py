@@ -35,9 +35,25 @@ def summary(values: list[float]) -> dict[str, float]:
 
 
 def machine() -> dict[str, Any]:
+    """What produced a row: CPU, memory, GPU (or none), library versions and the code's commit."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import psutil
+    import torch
+
     from trainables.devinfo import cpu_isa_flags, cpu_model
 
-    return {"cpu": cpu_model(), "isa": cpu_isa_flags(), "cores": os.cpu_count(), "python": platform.python_version()}
+    versions = {}
+    for pkg in ("torch", "ray", "optuna", "mlflow"):
+        try:
+            versions[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    return {"cpu": cpu_model(), "isa": cpu_isa_flags(), "cores": os.cpu_count(), "python": platform.python_version(),
+            "memory_gib": round(psutil.virtual_memory().total / 1024**3, 1),
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
+            "versions": versions, "git_sha": sha}
 
 
 def record(name: str, command: str, rows: list[dict[str, Any]]) -> None:

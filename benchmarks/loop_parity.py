@@ -2,7 +2,7 @@
 
 Per round, in this order (rotated every round so no variant always runs first):
 - A:  our loop (`trainables.loop`) in a real Ray Train `TorchTrainer`, 2 gloo workers x 1 thread,
-      reporting at the default cadence (`report_interval_s` 10; the measured window is ~30 s),
+      reporting at the default cadence (`report_interval_s` 10; with --steps 300 the window is ~13 s here),
 - A0: the same with no interim reports (only the final one),
 - B:  a hand-written DDP loop of the same step under `torchrun` (`benchmarks/plain_ddp.py`),
       same workload, batch, world size and threads per rank.

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,9 +17,16 @@ pytestmark = pytest.mark.ray
 
 
 def test_trials_spread_over_nodes_and_survive_a_node_loss(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "multinode_scenario.py"), str(tmp_path)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=540)
+    # Ray's test Cluster writes the head's address to $RAY_TMPDIR/ray/ray_current_cluster (default
+    # /tmp/ray, which a fresh machine does not have): give it a folder of its own, short for sockets.
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rx", dir="/tmp"))
+    (ray_tmp / "ray").mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_TMPDIR": str(ray_tmp)}
+    try:
+        proc = subprocess.run([sys.executable, str(REPO / "tests" / "multinode_scenario.py"), str(tmp_path)],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=540)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     r = json.loads((tmp_path / "result.json").read_text())
     assert r["phase1_statuses"] == ["ok", "ok"] and len(r["phase1_nodes"]) == 2  # one trial per node

@@ -24,6 +24,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from trainables.workloads.base import BuildContext, Workload, ensure_cached
+from trainables.workloads.declared import GPT_PRESETS as PRESETS  # noqa: F401  # re-exported
 from trainables.workloads.declared import GptLmParams as Params
 from trainables.workloads.declared import Preset
 
