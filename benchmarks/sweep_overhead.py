@@ -9,8 +9,9 @@ On a Ray runtime started once per variant and round (its start-up excluded), per
   Tune trial (function trainable) that returns at once.
 
 Variants (alternating): `default` (Ray's settings, a new Tune actor per trial), `lean`
-(`sweeps.runner.LEAN_TRAIN_ENV`, a new Tune actor per trial) and `lean-reuse` (what `sweeps run`
-does: lean, and Tune's actor reused across trials, `sweeps.runner.REUSE_TRIAL_ACTORS`).
+(`sweeps.runner.LEAN_TRAIN_ENV`, a new Tune actor per trial), `lean-reuse` (lean, and Tune's actor
+reused across trials, `sweeps.runner.REUSE_TRIAL_ACTORS`: one TorchTrainer per trial) and `warm`
+(lean-reuse with `scaling.reuse_workers: true`: one long-lived worker group serves every trial).
 
     .venv/bin/python benchmarks/sweep_overhead.py [--rounds 2] [--trials 3] [--steps 1500]
 """
@@ -33,6 +34,7 @@ SPEC = """\
 name: overhead
 trainable: {{name: mlp-tabular, params: {{num_train_rows: 8192, hidden: 256}}}}
 budget: {{num_trials: {trials}, num_steps: {steps}, num_warmup_steps: 5}}
+scaling: {{num_workers: 2, cpus_per_worker: 1, reuse_workers: {warm}}}
 tracking: {{uri: 'sqlite:///{tmp}/mlflow.db'}}
 storage_path: {tmp}/r
 """
@@ -40,7 +42,7 @@ _START = re.compile(r"^\[trial (\d+)/\d+\] \S+ started")
 _END = re.compile(r"^\[trial (\d+)/\d+\] ")
 
 
-def one_sweep(trials: int, steps: int) -> tuple[float, list[float], list[float]]:
+def one_sweep(trials: int, steps: int, warm: bool = False) -> tuple[float, list[float], list[float]]:
     """(sweep wall s, per-trial wall s, per-trial loop s)."""
     from sweeps.runner import run_sweep
     from sweeps.spec import parse_spec
@@ -56,7 +58,7 @@ def one_sweep(trials: int, steps: int) -> tuple[float, list[float], list[float]]
             walls[int(m.group(1))] = now - starts[int(m.group(1))]
 
     with tempfile.TemporaryDirectory() as tmp:
-        text = SPEC.format(trials=trials, steps=steps, tmp=tmp)
+        text = SPEC.format(trials=trials, steps=steps, tmp=tmp, warm=str(warm).lower())
         t0 = time.monotonic()
         outcome = run_sweep(parse_spec(text), text, echo=echo)
         wall = time.monotonic() - t0
@@ -95,7 +97,8 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--variants", default="default,lean,lean-reuse",
-                        help="default: Ray's settings; lean: LEAN_TRAIN_ENV; lean-reuse: and Tune actors reused")
+                        help="default: Ray's settings; lean: LEAN_TRAIN_ENV; lean-reuse: and Tune actors reused; "
+                        "warm: and one warm worker group for every trial")
     args = parser.parse_args()
     import ray
 
@@ -108,14 +111,14 @@ def main() -> None:
         for v in variants[r % len(variants):] + variants[:r % len(variants)]:
             from sweeps import runner
 
-            env = {"PYTHONPATH": str(REPO), **(runner.LEAN_TRAIN_ENV if v.startswith("lean") else {})}
-            runner.REUSE_TRIAL_ACTORS = v.endswith("reuse")
+            env = {"PYTHONPATH": str(REPO), **(runner.LEAN_TRAIN_ENV if v.startswith("lean") or v == "warm" else {})}
+            runner.REUSE_TRIAL_ACTORS = v.endswith("reuse") or v == "warm"
             t0 = time.monotonic()
             ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": env}, log_to_driver=False)
             st = stats[v]
             st["init"].append(time.monotonic() - t0)
             try:
-                wall, walls, loop = one_sweep(args.trials, args.steps)
+                wall, walls, loop = one_sweep(args.trials, args.steps, warm=v == "warm")
                 st["ratio"].append(wall / sum(loop))
                 st["fixed"] += [w - lp for w, lp in zip(walls, loop, strict=True)]
                 st["all-in"].append((wall - sum(loop)) / len(loop))  # also the gaps between trials

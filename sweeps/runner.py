@@ -18,6 +18,7 @@ from ray import tune
 
 from sweeps.failures import failure_of, signature
 from sweeps.outcome import MEASURED, NOT_FAILED, UNFINISHED, SweepOutcome, TrialRow
+from sweeps.pool import WarmPool
 from sweeps.report import rows_from_runs
 from sweeps.search import make_scheduler, make_searcher, record_oom, release, shared
 from sweeps.space import resolve_trial, trial_params
@@ -26,7 +27,7 @@ from sweeps.state import SweepState, experiment_dir, resume_command
 from sweeps.tracking import SweepTracker
 from sweeps.trial import HALT_KEY, run_trial
 from sweeps.verdict import verdict
-from trainables.contract import FINAL, STEPS
+from trainables.contract import FINAL, LOOP_S, STEPS
 
 logger = logging.getLogger(__name__)
 
@@ -130,6 +131,10 @@ class _SweepCallback(tune.Callback):
                   "run again when the sweep is resumed.")
         if not _interrupt_tune():  # not Tune's main thread: stop every trial instead (they end as stopped)
             shared(self.token).tripped = f"halted: {self.halted}"
+
+    def started(self) -> set[str]:
+        """Trials this driver started (a resumed sweep's earlier trials are not among them)."""
+        return set(self._started)
 
     def unfinished(self) -> set[str]:
         """Trials this driver started that Tune never ended: it stopped early (a halt, Ctrl+C)."""
@@ -348,10 +353,13 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
     uri = tracker.uri
     exp_dir = experiment_dir(spec)
+    token = state.token if state is not None else uuid.uuid4().hex
+    pool = WarmPool(spec, str(exp_dir / "trials"), token) if spec.scaling.reuse_workers else None
     trainable = tune.with_resources(
-        tune.with_parameters(run_trial, spec=spec, storage_path=str(exp_dir / "trials")), _DRIVER_RESOURCES)
+        tune.with_parameters(run_trial, spec=spec, storage_path=str(exp_dir / "trials"),
+                             pool=pool.queue if pool is not None else None), _DRIVER_RESOURCES)
     if state is not None:  # resume: the same parent and child runs, the searcher's state, finished trials
-        token, parent = state.token, state.parent_run_id
+        parent = state.parent_run_id
         rows = rows_from_runs(tracker.resume_sweep(parent))
         callback = _SweepCallback(spec, tracker, echo, token, rows)
         done = sum(r.status not in UNFINISHED for r in rows)
@@ -359,7 +367,6 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
              f"MLflow parent run {parent}")
         tuner = tune.Tuner.restore(str(exp_dir), trainable=trainable, resume_unfinished=True, resume_errored=False)
     else:
-        token = uuid.uuid4().hex
         resources = {k: str(v) for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU", "memory")}
         parent = tracker.start_sweep(
             spec.name, spec.description, spec_text,
@@ -388,6 +395,9 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
         tuner.fit()
         ok = True
     finally:
+        groups = pool.close() if pool is not None else 0
+        this_run = [r for r in callback.rows.values() if r.trial_id in callback.started()]
+        echo(_overhead_line(this_run, time.monotonic() - t0, groups if pool is not None else None))
         _LIVE.pop(token, None)
         tripped = shared(token).tripped
         release(token)
@@ -427,6 +437,17 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
         if outcome.trials and not tracker.pending:
             _publish_report(outcome, tracker, echo)
     return outcome
+
+
+def _overhead_line(rows: list[TrialRow], wall_s: float, groups: int | None) -> str:
+    """What the sweep cost beyond its training: (sweep wall - the trials' own loop time) / trials."""
+    loops = [float(r.metrics[LOOP_S]) for r in rows if isinstance(r.metrics.get(LOOP_S), (int, float))]
+    mode = (f"warm worker groups: {groups} started for {len(rows)} trial(s)" if groups is not None
+            else "one Ray Train run per trial")
+    if not loops:
+        return f"{mode}; no trial ran its loop to the end, so no overhead figure"
+    return (f"{mode}; per-trial overhead (sweep wall {wall_s:.1f} s - loops {sum(loops):.1f} s) / {len(loops)} = "
+            f"{(wall_s - sum(loops)) / len(loops):.1f} s")
 
 
 def _publish_report(outcome: SweepOutcome, tracker: SweepTracker, echo: Callable[[str], None]) -> None:

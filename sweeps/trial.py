@@ -17,7 +17,7 @@ from ray import tune
 from sweeps.failures import HALT_KINDS, TRANSIENT_KINDS, TrialFailure, classify
 from sweeps.space import resolve_trial
 from sweeps.spec import ScalingSpec, SweepSpec
-from trainables.contract import TrialConfig
+from trainables.contract import FINAL, TrialConfig
 
 logger = logging.getLogger(__name__)
 
@@ -26,23 +26,21 @@ HALT_KEY = "sweep_halt"
 _HALT_WAIT_S = 300.0
 
 
-def make_trainer(cfg: TrialConfig, scaling: ScalingSpec, name: str, storage_path: str, callbacks: list[Any]) -> Any:
-    """A Ray Train `TorchTrainer` running the shared loop for one trial config."""
+def _torch_trainer(train_fn: Any, config: dict[str, Any], scaling: ScalingSpec, cpus_per_rank: float,
+                   timeout_s: float, name: str, storage_path: str, callbacks: list[Any]) -> Any:
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from trainables.ray_worker import train_worker
-
     return TorchTrainer(
-        train_worker,
-        train_loop_config=cfg.to_dict(),
-        torch_config=TorchConfig(backend="nccl" if scaling.use_gpu else "gloo", timeout_s=int(max(cfg.collective_timeout_s, 1))),
+        train_fn,
+        train_loop_config=config,
+        torch_config=TorchConfig(backend="nccl" if scaling.use_gpu else "gloo", timeout_s=int(max(timeout_s, 1))),
         scaling_config=ray.train.ScalingConfig(
             num_workers=scaling.num_workers,
             use_gpu=scaling.use_gpu,
             # the rank's own cores and its loader workers' share: loader processes run on cores that
             # would otherwise be counted free for another rank or trial (and bias the searched knob)
-            resources_per_worker={"CPU": scaling.cpus_per_rank(cfg.num_dataloader_workers), "GPU": scaling.gpus_per_worker},
+            resources_per_worker={"CPU": cpus_per_rank, "GPU": scaling.gpus_per_worker},
             accelerator_type=scaling.accelerator_type,
         ),
         run_config=ray.train.RunConfig(
@@ -55,8 +53,64 @@ def make_trainer(cfg: TrialConfig, scaling: ScalingSpec, name: str, storage_path
     )
 
 
-def run_trial(config: dict[str, Any], spec: SweepSpec, storage_path: str) -> None:
-    """One Tune trial: a Ray Train run of the shared loop with the sampled config."""
+def make_trainer(cfg: TrialConfig, scaling: ScalingSpec, name: str, storage_path: str, callbacks: list[Any]) -> Any:
+    """A Ray Train `TorchTrainer` running the shared loop for one trial config."""
+    from trainables.ray_worker import train_worker
+
+    return _torch_trainer(train_worker, cfg.to_dict(), scaling, scaling.cpus_per_rank(cfg.num_dataloader_workers),
+                          cfg.collective_timeout_s, name, storage_path, callbacks)
+
+
+def make_group_trainer(spec: SweepSpec, queue: Any, slot: int, name: str, storage_path: str) -> Any:
+    """A warm group: a `TorchTrainer` whose ranks serve the trials of `queue` until it closes. It holds
+    what the largest trial of the space needs (loader workers included) for as long as it lives."""
+    from trainables.pool_worker import pool_worker
+
+    return _torch_trainer(pool_worker, {"queue": queue, "slot": slot, "group": name}, spec.scaling,
+                          spec.scaling.cpus_per_rank(spec.max_loader_workers()), spec.budget.collective_timeout_s,
+                          name, storage_path, callbacks=[])
+
+
+class _WarmFailure(Exception):
+    """A trial's failure as its warm group reported it (per rank), with its last checkpoint."""
+
+    def __init__(self, failures: dict[Any, BaseException], checkpoint: str | None) -> None:
+        super().__init__("; ".join(f"rank {r}: {type(e).__name__}: {e}" for r, e in failures.items()))
+        self.worker_failures = {r: e for r, e in failures.items() if r is not None}  # what classify() reads
+        self.cause = next((e for r, e in failures.items() if r is None), None)
+        self.checkpoint = checkpoint
+
+
+def _run_warm(pool: Any, trial_id: str, cfg: TrialConfig, checkpoint_dir: Path, resume_from: str | None) -> None:
+    """Hand the trial to a warm group and pass its reports to Tune until the final one."""
+    import ray
+
+    ray.get(pool.submit.remote(trial_id, cfg.to_dict(), resume_from, str(checkpoint_dir)))
+    seen, checkpoint, finished = 0, resume_from, False
+    try:
+        while True:
+            events = ray.get(pool.events.remote(trial_id, seen, 5.0))
+            if events is None:
+                raise RuntimeError("the sweep's warm worker pool closed before this trial ended")
+            for event in events:
+                seen += 1
+                if "failed" in event:
+                    if not event["failed"]:  # every rank finished, one too late to say so: the result stands
+                        return
+                    raise _WarmFailure(event["failed"], checkpoint)
+                checkpoint = event.get("checkpoint", checkpoint)
+                tune.report(event["metrics"])
+                if event["metrics"].get(FINAL) == 1:
+                    finished = True
+                    return
+    finally:
+        if not finished:  # Tune stopped this trial (or it failed): its group stops at its next report
+            ray.get(pool.cancel.remote(trial_id))
+
+
+def run_trial(config: dict[str, Any], spec: SweepSpec, storage_path: str, pool: Any = None) -> None:
+    """One Tune trial: the shared loop with the sampled config, in a Ray Train run of its own, or
+    (with `pool`, `scaling.reuse_workers`) in a warm group that serves trial after trial."""
     from ray.tune.integration.ray_train import TuneReportCallback
 
     trial_id = tune.get_context().get_trial_id()
@@ -65,14 +119,18 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, storage_path: str) -> Non
     # the last checkpoint the crashed attempt saved (budget.checkpoint_every_steps), if any.
     name = f"{spec.name}-{trial_id}"
     over = True
+    resume_from: str | None = None
     try:
         for attempt in range(spec.budget.max_retries + 1):
-            trainer = make_trainer(cfg, spec.scaling, name, storage_path, callbacks=[TuneReportCallback()])
             try:
-                trainer.fit()
+                if pool is not None:
+                    _run_warm(pool, trial_id, cfg, Path(storage_path, name, "checkpoint_warm"), resume_from)
+                else:
+                    make_trainer(cfg, spec.scaling, name, storage_path, callbacks=[TuneReportCallback()]).fit()
                 return
             except Exception as exc:  # noqa: BLE001 - every failure is classified; only transient ones retried
                 kind, reason = classify(exc)
+                resume_from = getattr(exc, "checkpoint", None)
                 if kind in HALT_KINDS:
                     # Not this configuration's fault, and the next trial would hit it too: ask the driver
                     # to halt the sweep; it stops this trial unfinished, to run again on resume.

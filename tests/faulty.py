@@ -139,3 +139,46 @@ def disk_full_while(params: dict[str, Any], ctx: BuildContext) -> Workload:
     workload = build("mlp-tabular", {"num_train_rows": 1024, "num_val_rows": 256}, ctx)
     workload.model = _DiskFullWhile(workload.model, ctx.rank, at=15, flag=str(params["flag"]))
     return workload
+
+
+class _Raises(nn.Module):
+    """Every rank raises `error` at its first forward (a symmetric failure: nobody waits in a collective)."""
+
+    def __init__(self, inner: nn.Module, error: BaseException) -> None:
+        super().__init__()
+        self.inner, self.error = inner, error
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise self.error
+
+
+class _Dies(nn.Module):
+    """Rank 1's process exits at its 2nd forward (a crash: its peers are left in the all-reduce)."""
+
+    def __init__(self, inner: nn.Module, rank: int) -> None:
+        super().__init__()
+        self.inner, self.rank, self.calls = inner, rank, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.rank == 1 and self.calls == 2:
+            os._exit(1)
+        return self.inner(x)  # type: ignore[no-any-return]
+
+
+WARM_PARAMS = {"num_train_rows": 1024, "num_val_rows": 256}
+
+
+def warm_modes(params: dict[str, Any], ctx: BuildContext) -> Workload:
+    """For the warm-group tests, by `params["mode"]`: "same*" the same seeded mlp-tabular trial (so its
+    loss/val must not depend on what the group ran before), "other" a different model, "oom" every
+    rank out of memory (the group is kept), "config" a bad param (kept), "crash" rank 1 dies (retired)."""
+    mode = str(params["mode"])
+    if mode == "config":
+        return build("mlp-tabular", {**WARM_PARAMS, "hidden": 0}, ctx)
+    workload = build("mlp-tabular", {**WARM_PARAMS, "hidden": 32 if mode == "other" else 64}, ctx)
+    if mode == "oom":
+        workload.model = _Raises(workload.model, torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB (injected)"))
+    elif mode == "crash":
+        workload.model = _Dies(workload.model, ctx.rank)
+    return workload

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -24,7 +23,7 @@ import torch.distributed as dist
 
 from trainables.contract import CHECKPOINT_FILE, LR_SCHEDULES, PRECISIONS, TrialConfig
 from trainables.loop import train
-from trainables.reporting import JsonlReporter
+from trainables.reporting import JsonlReporter, keep_checkpoint
 
 
 class DirCheckpointReporter(JsonlReporter):
@@ -36,10 +35,7 @@ class DirCheckpointReporter(JsonlReporter):
 
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None = None) -> None:
         if checkpoint_dir is not None:  # rank 0 only
-            self.directory.mkdir(parents=True, exist_ok=True)
-            tmp = self.directory / (CHECKPOINT_FILE + ".tmp")
-            shutil.copyfile(Path(checkpoint_dir) / CHECKPOINT_FILE, tmp)
-            tmp.replace(self.directory / CHECKPOINT_FILE)  # a crash mid-copy never leaves half a file
+            keep_checkpoint(checkpoint_dir, self.directory)
         super().report(metrics, checkpoint_dir)
 
 

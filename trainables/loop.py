@@ -391,6 +391,8 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dic
                     reporter.report(window_metrics())
     except BaseException:  # stop loader workers now: a kept traceback would keep them registered
         _close_loader(loader, batches)
+        if telemetry is not None:  # and the sampler thread (a warm worker goes on to the next trial)
+            telemetry.stop()
         raise
 
     final = window_metrics(final=True)

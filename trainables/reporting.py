@@ -7,7 +7,9 @@ reporters write anything.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+from pathlib import Path
 from typing import Any, Protocol
 
 from trainables.contract import CHECKPOINT_FILE
@@ -58,3 +60,12 @@ class MultiReporter:
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None = None) -> None:
         for r in self._reporters:
             r.report(metrics, checkpoint_dir)
+
+
+def keep_checkpoint(checkpoint_dir: str, directory: Path) -> Path:
+    """Copy the loop's checkpoint into `directory` (latest only; a crash mid-copy never leaves half a file)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / (CHECKPOINT_FILE + ".tmp")
+    shutil.copyfile(Path(checkpoint_dir) / CHECKPOINT_FILE, tmp)
+    tmp.replace(directory / CHECKPOINT_FILE)
+    return directory

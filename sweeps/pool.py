@@ -1,0 +1,174 @@
+"""Warm worker groups: Ray Train's start-up paid once per slot and sweep, not once per trial.
+
+```
+ Tune trial (0-CPU driver, sweeps.trial)          TrialQueue (actor)          warm group (one Train run per slot)
+   submit(trial, config) ───────────────────────►  pending ──take(slot)──────►  rank 0 ─broadcast─► every rank:
+   events(trial) ◄── report / final / failed ────  events  ◄──post(report)───     reset, build, loop (unchanged)
+   tune.report(metrics)  (→ Tune, Optuna, MLflow)          ◄──rank_done────      keep serving, or retire
+ GroupSupervisor (actor, one per slot): TorchTrainer(pool_worker).fit() again whenever a group retires
+```
+
+The queue decides after each trial whether a group may serve again: every rank must say how the
+trial ended within `_AGREE_S`, and every rank must have finished or failed cleanly (see
+`trainables.pool_worker`). A group that died outright (a rank's process crashed) is reported by
+its supervisor for the trial it was serving.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from typing import Any
+
+import ray
+
+from sweeps.spec import SweepSpec
+from trainables.pool_worker import CLOSED
+
+logger = logging.getLogger(__name__)
+
+_AGREE_S = 60.0  # how long ranks that finished a trial wait for the others before the group retires
+
+
+@ray.remote(num_cpus=0, max_concurrency=1000)  # type: ignore[call-overload]
+class TrialQueue:
+    """Trials waiting for a warm group, and what each trial's group reported back (threaded actor)."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._pending: collections.deque[tuple[str, dict[str, Any], str | None, str]] = collections.deque()
+        self._events: dict[str, list[dict[str, Any]]] = {}
+        self._cancelled: set[str] = set()
+        self._serving: dict[int, str] = {}  # slot -> the trial its group took last
+        self._done: dict[str, dict[int, tuple[BaseException | None, bool]]] = {}
+        self._decided: dict[str, bool] = {}
+        self._closed = False
+
+    # -- the Tune trial's side ---------------------------------------------------------------
+    def submit(self, trial_id: str, config: dict[str, Any], resume_from: str | None, checkpoint_dir: str) -> None:
+        with self._cv:
+            self._events[trial_id] = []
+            self._cancelled.discard(trial_id)
+            self._done.pop(trial_id, None)
+            self._decided.pop(trial_id, None)
+            self._pending.append((trial_id, config, resume_from, checkpoint_dir))
+            self._cv.notify_all()
+
+    def events(self, trial_id: str, since: int, timeout_s: float) -> list[dict[str, Any]] | None:
+        """The trial's events after the first `since` (waiting up to `timeout_s`); None once the
+        pool is closed and nothing more will come."""
+        with self._cv:
+            self._cv.wait_for(lambda: len(self._events.get(trial_id, ())) > since or self._closed, timeout_s)
+            new = list(self._events.get(trial_id, [])[since:])
+            return None if self._closed and not new else new
+
+    def cancel(self, trial_id: str) -> None:
+        """The driver stopped waiting: a pending trial is dropped, a running one stops at its next report."""
+        with self._cv:
+            self._cancelled.add(trial_id)
+            self._pending = collections.deque(p for p in self._pending if p[0] != trial_id)
+            self._cv.notify_all()
+
+    # -- the warm group's side ---------------------------------------------------------------
+    def take(self, slot: int, timeout_s: float) -> Any:
+        with self._cv:
+            self._cv.wait_for(lambda: bool(self._pending) or self._closed, timeout_s)
+            if self._closed:
+                return CLOSED
+            if not self._pending:
+                return None
+            item = self._pending.popleft()
+            self._serving[slot] = item[0]
+            return item
+
+    def post(self, trial_id: str, event: dict[str, Any]) -> bool:
+        """Record a report; True when the trial was cancelled (its ranks stop)."""
+        with self._cv:
+            self._events.setdefault(trial_id, []).append(event)
+            self._cv.notify_all()
+            return trial_id in self._cancelled
+
+    def rank_done(self, trial_id: str, rank: int, world: int, error: BaseException | None, clean: bool) -> bool:
+        """A rank finished a trial; returns whether its group may serve another one. Waits (up to
+        `_AGREE_S`) for the other ranks: a rank stuck in a collective never comes, so the group retires."""
+        with self._cv:
+            done = self._done.setdefault(trial_id, {})
+            done[rank] = (error, clean)
+            self._cv.notify_all()
+            self._cv.wait_for(lambda: len(done) == world or trial_id in self._decided, _AGREE_S)
+            if trial_id not in self._decided:
+                keep = len(done) == world and all(c for _, c in done.values())
+                self._decided[trial_id] = keep
+                failures = {r: e for r, (e, _) in done.items() if e is not None}
+                if failures:
+                    missing = sorted(set(range(world)) - set(done))
+                    self._events[trial_id].append({"failed": failures, "retired": not keep, "silent_ranks": missing})
+                elif not keep:  # every rank finished but one did not say so in time
+                    self._events[trial_id].append({"failed": {}, "retired": True, "silent_ranks": []})
+                self._cv.notify_all()
+            return self._decided[trial_id]
+
+    def group_failed(self, slot: int, error: BaseException) -> None:
+        """A group died outright (its Train run failed): the trial it was serving failed with it."""
+        with self._cv:
+            trial_id = self._serving.pop(slot, None)
+            if trial_id is not None and trial_id not in self._decided:
+                self._decided[trial_id] = False
+                self._events.setdefault(trial_id, []).append({"failed": {None: error}, "retired": True})
+                self._cv.notify_all()
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+
+    def is_closed(self) -> bool:
+        return self._closed
+
+
+@ray.remote(num_cpus=0)
+class GroupSupervisor:
+    """Keeps one warm group running for a slot: a new Train run whenever the last one retired."""
+
+    def run(self, queue: Any, slot: int, spec: SweepSpec, storage_path: str, name: str) -> int:
+        from sweeps.trial import make_group_trainer
+
+        groups = 0
+        while not ray.get(queue.is_closed.remote()):
+            groups += 1
+            trainer = make_group_trainer(spec, queue, slot, f"{name}-slot{slot}-group{groups}", storage_path)
+            try:
+                trainer.fit()
+            except Exception as exc:  # noqa: BLE001 - the served trial fails with it; a fresh group follows
+                ray.get(queue.group_failed.remote(slot, exc))
+                logger.info("slot %d: group %d retired (%s)", slot, groups, type(exc).__name__)
+                time.sleep(0.5)
+        return groups
+
+
+class WarmPool:
+    """The queue and one supervised warm group per concurrency slot, for one sweep run."""
+
+    def __init__(self, spec: SweepSpec, storage_path: str, token: str) -> None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        # On the driver's node: a worker node that goes away must not take the queue or a slot's
+        # supervisor with it (its group is replaced; they are not).
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self.queue = TrialQueue.options(name=f"sweep-queue-{token}", scheduling_strategy=here).remote()  # type: ignore[attr-defined]
+        slots = spec.budget.max_concurrent_trials
+        self.supervisors = [GroupSupervisor.options(scheduling_strategy=here).remote()  # type: ignore[attr-defined]
+                            for _ in range(slots)]
+        self.runs = [s.run.remote(self.queue, i, spec, storage_path, f"{spec.name}-warm")
+                     for i, s in enumerate(self.supervisors)]
+
+    def close(self, timeout_s: float = 60.0) -> int:
+        """Ask every group to finish and wait for them; returns how many groups were started."""
+        ray.get(self.queue.close.remote())
+        ready, _ = ray.wait(self.runs, num_returns=len(self.runs), timeout=timeout_s)
+        started = sum(ray.get(ready)) if ready else 0
+        for actor in [*self.supervisors, self.queue]:
+            ray.kill(actor)
+        return int(started)

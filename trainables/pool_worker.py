@@ -1,0 +1,150 @@
+"""A warm worker group: one long-lived Ray Train run whose ranks serve trial after trial.
+
+Rank 0 takes the next trial from the sweep's queue (a Ray actor the Tune trials feed) and
+broadcasts it; every rank resets what a previous trial could leak, builds the workload afresh
+and runs the shared loop unchanged, reporting to the queue instead of `ray.train.report`. After
+each trial the ranks tell the queue how it ended; the queue decides whether the group may serve
+again (every rank finished, or every rank failed cleanly: a config error, an unsupported
+precision, divergence, out of memory) or must retire (a rank crashed, hung, or failed alone while
+its peers wait in a collective). A retiring group raises out of the train function: Ray Train
+tears every rank down and the sweep's supervisor starts a fresh group.
+
+Imports Ray core and Ray Train lazily, never Ray Tune.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainables.contract import TrialConfig
+from trainables.errors import DivergedError, UnsupportedError, WorkloadError
+from trainables.reporting import keep_checkpoint
+
+logger = logging.getLogger(__name__)
+
+CLOSED = "closed"  # what the queue hands out when the sweep is over
+# Failures that leave every process healthy when *every* rank raised one (nothing is stuck in a
+# collective): the group cleans up and serves the next trial.
+_CLEAN = (WorkloadError, UnsupportedError, DivergedError, torch.OutOfMemoryError, MemoryError)
+
+
+class TrialCancelled(Exception):
+    """The trial's driver went away (Tune stopped it: ASHA, the breaker, the time budget)."""
+
+
+class RetireGroup(RuntimeError):
+    """This group must not serve another trial; Ray Train tears it down, a fresh one follows."""
+
+
+def clean_failure(exc: BaseException | None) -> bool:
+    return exc is None or isinstance(exc, (*_CLEAN, TrialCancelled))
+
+
+def reset_between_trials(device: torch.device) -> None:
+    """What one trial could leave for the next: compiled graphs and their caches, cached device
+    memory and its peak statistics, garbage holding the old model. Seeds, TF32/matmul flags, thread
+    counts, loader workers, the sampler thread and the model's hooks are set up (or torn down) by
+    the loop itself for every trial."""
+    gc.collect()
+    torch.compiler.reset()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+class QueueReporter:
+    """Sends rank 0's reports to the trial's driver through the queue; every rank learns at each
+    report whether the driver cancelled the trial (so all of them stop at the same step)."""
+
+    def __init__(self, queue: Any, trial_id: str, rank: int, world: int, checkpoint_dir: Path) -> None:
+        self.queue, self.trial_id, self.rank, self.world = queue, trial_id, rank, world
+        self.checkpoint_dir = checkpoint_dir
+
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None = None) -> None:
+        import ray
+
+        cancelled = False
+        if self.rank == 0:
+            event: dict[str, Any] = {"metrics": dict(metrics)}
+            if checkpoint_dir is not None:
+                event["checkpoint"] = str(keep_checkpoint(checkpoint_dir, self.checkpoint_dir))
+            cancelled = bool(ray.get(self.queue.post.remote(self.trial_id, event)))
+        if self.world > 1:
+            flag = [cancelled]
+            dist.broadcast_object_list(flag, src=0)
+            cancelled = bool(flag[0])
+        if cancelled:
+            raise TrialCancelled(f"trial {self.trial_id} was stopped by the sweep")
+
+
+def _next_item(queue: Any, slot: int, rank: int, world: int, device: torch.device) -> Any:
+    import ray
+
+    item: Any = None
+    if rank == 0:
+        while item is None:
+            item = ray.get(queue.take.remote(slot, 2.0))
+    if world > 1:
+        box = [item]
+        dist.broadcast_object_list(box, src=0, device=device if device.type == "cuda" else None)
+        item = box[0]
+    return item
+
+
+def pool_worker(config: dict[str, Any]) -> None:
+    """Ray Train's train function for a warm group (`config`: the queue handle, the slot, the group number)."""
+    import ray
+    import ray.train
+    import ray.train.torch
+
+    from trainables.loop import train
+
+    queue, slot, group = config["queue"], int(config["slot"]), str(config["group"])
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    device = ray.train.torch.get_device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    node = ray.get_runtime_context().get_node_id()
+    served = 0
+    while True:
+        item = _next_item(queue, slot, rank, world, device)
+        if item == CLOSED:
+            return
+        trial_id, cfg_dict, resume_from, checkpoint_dir = item
+        cfg = TrialConfig.from_dict(cfg_dict)
+        served += 1
+        reset_between_trials(device)
+        reporter = QueueReporter(queue, trial_id, rank, world, Path(checkpoint_dir))
+        facts = {"device/ray_node_id": node, "pool/group": group, "pool/trial_in_group": str(served)}
+        error: BaseException | None = None
+        try:
+            train(cfg, reporter, device, facts=facts, resume_from=resume_from)
+        except BaseException as exc:  # noqa: BLE001 - every way a trial ends goes to the queue
+            error = exc
+        keep = ray.get(queue.rank_done.remote(trial_id, rank, world, _portable(error), clean_failure(error)))
+        if not keep:
+            raise RetireGroup(f"trial {trial_id} left this group unhealthy (rank {rank}: "
+                              f"{type(error).__name__ if error else 'finished'}); a fresh group takes the next trial")
+        logger.debug("rank %d: trial %s done in group %s (pid %d)", rank, trial_id, group, os.getpid())
+
+
+def _portable(exc: BaseException | None) -> BaseException | None:
+    """The exception as it can cross to the driver (some carry unpicklable state)."""
+    if exc is None:
+        return None
+    import pickle
+
+    try:
+        pickle.dumps(exc)
+        return exc
+    except Exception:  # noqa: BLE001 - keep the type name and message at least
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
