@@ -29,7 +29,9 @@ from trainables.pool_worker import CLOSED
 
 logger = logging.getLogger(__name__)
 
-_AGREE_S = 60.0  # how long ranks that finished a trial wait for the others before the group retires
+# How long ranks that ended a trial cleanly wait for the others before the group retires: ranks that
+# fail symmetrically (a config error at build, OOM at the same step) arrive within a step or a build.
+_AGREE_S = 20.0
 
 
 @ray.remote(num_cpus=0, max_concurrency=1000)  # type: ignore[call-overload]
@@ -92,32 +94,39 @@ class TrialQueue:
 
     def rank_done(self, trial_id: str, rank: int, world: int, error: BaseException | None, clean: bool) -> bool:
         """A rank finished a trial; returns whether its group may serve another one. Waits (up to
-        `_AGREE_S`) for the other ranks: a rank stuck in a collective never comes, so the group retires."""
+        `_AGREE_S`) for the other ranks: a rank stuck in a collective never comes, so the group retires.
+        A kept group's failure is posted at once; a retiring group's waits for its supervisor, whose
+        error also names the ranks that died (a crash), so the trial's failure is classified whole."""
         with self._cv:
             done = self._done.setdefault(trial_id, {})
             done[rank] = (error, clean)
             self._cv.notify_all()
-            self._cv.wait_for(lambda: len(done) == world or trial_id in self._decided, _AGREE_S)
+            # A rank that failed uncleanly retires the group at once: no need to wait for its peers
+            # (they may be stuck in a collective it will never join).
+            self._cv.wait_for(lambda: len(done) == world or trial_id in self._decided or not clean, _AGREE_S)
             if trial_id not in self._decided:
                 keep = len(done) == world and all(c for _, c in done.values())
                 self._decided[trial_id] = keep
                 failures = {r: e for r, (e, _) in done.items() if e is not None}
-                if failures:
-                    missing = sorted(set(range(world)) - set(done))
-                    self._events[trial_id].append({"failed": failures, "retired": not keep, "silent_ranks": missing})
-                elif not keep:  # every rank finished but one did not say so in time
-                    self._events[trial_id].append({"failed": {}, "retired": True, "silent_ranks": []})
+                if keep and failures:
+                    self._events[trial_id].append({"failed": failures, "retired": False})
                 self._cv.notify_all()
             return self._decided[trial_id]
 
     def group_failed(self, slot: int, error: BaseException) -> None:
-        """A group died outright (its Train run failed): the trial it was serving failed with it."""
+        """A group's Train run ended in an error (it retired, or a rank died): the trial it was serving,
+        unless that trial already ended with the group kept, failed with it."""
         with self._cv:
             trial_id = self._serving.pop(slot, None)
-            if trial_id is not None and trial_id not in self._decided:
-                self._decided[trial_id] = False
-                self._events.setdefault(trial_id, []).append({"failed": {None: error}, "retired": True})
-                self._cv.notify_all()
+            if trial_id is None or self._decided.get(trial_id) is True:
+                return
+            self._decided[trial_id] = False
+            group = getattr(error, "worker_failures", None)
+            failures: dict[Any, BaseException] = dict(group) if isinstance(group, dict) else {}
+            # what the ranks themselves raised wins over the group's view of them (RetireGroup)
+            failures.update({r: e for r, (e, _) in self._done.get(trial_id, {}).items() if e is not None})
+            self._events.setdefault(trial_id, []).append({"failed": failures or {None: error}, "retired": True})
+            self._cv.notify_all()
 
     def close(self) -> None:
         with self._cv:
@@ -164,8 +173,9 @@ class WarmPool:
         self.runs = [s.run.remote(self.queue, i, spec, storage_path, f"{spec.name}-warm")
                      for i, s in enumerate(self.supervisors)]
 
-    def close(self, timeout_s: float = 60.0) -> int:
-        """Ask every group to finish and wait for them; returns how many groups were started."""
+    def close(self, timeout_s: float = 30.0) -> int:
+        """Ask every group to finish and wait for them (a group still waiting for resources, e.g.
+        the replacement of one lost with its node, is stopped); returns how many groups were started."""
         ray.get(self.queue.close.remote())
         ready, _ = ray.wait(self.runs, num_returns=len(self.runs), timeout=timeout_s)
         started = sum(ray.get(ready)) if ready else 0

@@ -433,8 +433,9 @@ class ScalingSpec(BaseModel):
                                          "every rank of every trial lands on this GPU type")
     cpus_per_loader_worker: float = Field(default=1.0, ge=0, description="CPUs reserved for each dataloader "
                                           "worker process of a rank, on top of cpus_per_worker")
-    reuse_workers: bool = Field(default=False, description="warm worker groups: one long-lived Ray Train group per "
-                                "concurrency slot serves trial after trial (start-up paid once per slot)")
+    reuse_workers: bool = Field(default=True, description="warm worker groups: one long-lived Ray Train group per "
+                                "concurrency slot serves trial after trial (start-up paid once per slot); false: "
+                                "a new Ray Train run for every trial")
 
     def cpus_per_rank(self, loader_workers: int) -> float:
         """What one Train worker reserves: its own cores and its loader worker processes' share."""

@@ -17,7 +17,7 @@ from ray import tune
 from sweeps.failures import HALT_KINDS, TRANSIENT_KINDS, TrialFailure, classify
 from sweeps.space import resolve_trial
 from sweeps.spec import ScalingSpec, SweepSpec
-from trainables.contract import FINAL, TrialConfig
+from trainables.contract import CHECKPOINT_FILE, FINAL, TrialConfig
 
 logger = logging.getLogger(__name__)
 
@@ -119,12 +119,15 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, storage_path: str, pool: 
     # the last checkpoint the crashed attempt saved (budget.checkpoint_every_steps), if any.
     name = f"{spec.name}-{trial_id}"
     over = True
-    resume_from: str | None = None
+    warm_checkpoint = Path(storage_path, name, "checkpoint_warm")
+    # A trial run again after a halt or a killed driver continues from the checkpoint it kept (cold
+    # mode: Ray Train finds it under the same run name).
+    resume_from = str(warm_checkpoint) if (warm_checkpoint / CHECKPOINT_FILE).exists() else None
     try:
         for attempt in range(spec.budget.max_retries + 1):
             try:
                 if pool is not None:
-                    _run_warm(pool, trial_id, cfg, Path(storage_path, name, "checkpoint_warm"), resume_from)
+                    _run_warm(pool, trial_id, cfg, warm_checkpoint, resume_from)
                 else:
                     make_trainer(cfg, spec.scaling, name, storage_path, callbacks=[TuneReportCallback()]).fit()
                 return

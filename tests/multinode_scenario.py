@@ -24,13 +24,14 @@ from sweeps.runner import run_sweep
 from sweeps.spec import parse_spec
 
 out = Path(sys.argv[1])
+REUSE = sys.argv[2] if len(sys.argv) > 2 else "true"  # scaling.reuse_workers
 SPEC = """
 name: {name}
 trainable: {{name: mlp-tabular, params: {{num_train_rows: 4096, hidden: 256}}}}
 space: {{lr: {{type: float, low: 1.0e-3, high: 1.0e-2, log: true}}}}
 budget: {{num_trials: 2, max_concurrent_trials: 2, num_steps: {steps}, num_warmup_steps: 3, max_retries: 1,
           report_interval_s: 1}}
-scaling: {{num_workers: 2, cpus_per_worker: 1}}
+scaling: {{num_workers: 2, cpus_per_worker: 1, reuse_workers: {reuse}}}
 tracking: {{uri: 'sqlite:///{db}'}}
 storage_path: {storage}
 """
@@ -43,7 +44,7 @@ client = MlflowClient(f"sqlite:///{DB}")
 
 
 def sweep(name: str, steps: int) -> tuple:
-    text = SPEC.format(name=name, steps=steps, db=DB, storage=out / "results")
+    text = SPEC.format(name=name, steps=steps, db=DB, storage=out / "results", reuse=REUSE)
     lines: list[str] = []
     outcome = run_sweep(parse_spec(text), text, echo=lambda line: (lines.append(line), print(line, flush=True)))
     return outcome, lines
@@ -66,7 +67,7 @@ def remove_a_node_once_both_train() -> None:
     removed.set()
 
 
-first, _ = sweep("phase1", 200)
+first, _ = sweep("phase1", 200 if REUSE == "false" else 1000)  # warm: both groups take a trial at once
 removed = threading.Event()
 threading.Thread(target=remove_a_node_once_both_train, daemon=True).start()
 second, lines = sweep("phase2", 1500)  # long enough that both trials train when the node goes

@@ -108,8 +108,12 @@ def test_checkpoint_round_trip_in_one_process(tmp_path: Path, data_dir: Path) ->
     assert abs(final[contract.LOSS_VAL] - first.reports[-1][contract.LOSS_VAL]) < 0.5  # continued, not restarted
 
 
+BOTH_MODES = pytest.mark.parametrize("reuse", ["true", "false"], ids=["warm", "cold"])  # scaling.reuse_workers
+
+
 @pytest.mark.ray
-def test_a_rank_crashing_once_resumes_from_the_last_checkpoint(ray_cluster: None, tmp_path: Path) -> None:
+@BOTH_MODES
+def test_a_rank_crashing_once_resumes_from_the_last_checkpoint(ray_cluster: None, tmp_path: Path, reuse: str) -> None:
     from mlflow.tracking import MlflowClient
 
     from sweeps.runner import run_sweep
@@ -117,6 +121,7 @@ def test_a_rank_crashing_once_resumes_from_the_last_checkpoint(ray_cluster: None
 
     text = (f"name: crash\ntrainable: {{name: 'tests.faulty:crash_once', params: {{marker: '{tmp_path / 'crashed'}'}}}}\n"
             "budget: {num_trials: 1, num_steps: 20, num_warmup_steps: 2, checkpoint_every_steps: 5, max_retries: 1}\n"
+            f"scaling: {{reuse_workers: {reuse}}}\n"
             f"tracking: {{uri: 'sqlite:///{tmp_path / 'mlflow.db'}'}}\nstorage_path: {tmp_path / 'r'}\n")
     outcome = run_sweep(parse_spec(text), text, echo=lambda _: None)
     assert (tmp_path / "crashed").exists()  # the fault fired
@@ -133,7 +138,8 @@ def test_a_rank_crashing_once_resumes_from_the_last_checkpoint(ray_cluster: None
 
 
 @pytest.mark.ray
-def test_a_full_disk_halts_the_sweep_and_resume_finishes_it(ray_cluster: None, tmp_path: Path) -> None:
+@BOTH_MODES
+def test_a_full_disk_halts_the_sweep_and_resume_finishes_it(ray_cluster: None, tmp_path: Path, reuse: str) -> None:
     from mlflow.tracking import MlflowClient
 
     from sweeps.runner import run_sweep
@@ -144,6 +150,7 @@ def test_a_full_disk_halts_the_sweep_and_resume_finishes_it(ray_cluster: None, t
     text = (f"name: diskfull\ntrainable: {{name: 'tests.faulty:disk_full_while', params: {{flag: '{flag}'}}}}\n"
             "space: {lr: {type: float, low: 1.0e-3, high: 1.0e-2, log: true}}\n"
             "budget: {num_trials: 2, num_steps: 20, num_warmup_steps: 2, checkpoint_every_steps: 5}\n"
+            f"scaling: {{reuse_workers: {reuse}}}\n"
             f"tracking: {{uri: 'sqlite:///{tmp_path / 'mlflow.db'}'}}\nstorage_path: {tmp_path / 'r'}\n")
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     lines: list[str] = []
@@ -188,3 +195,21 @@ def test_a_full_disk_on_the_driver_says_so_and_how_to_resume(tmp_path: Path, mon
     assert main(["run", str(tmp_path / "s.yaml")]) == EXIT_UNFINISHED
     err = capsys.readouterr().err
     assert "the disk is full (No space left on device" in err and f"sweeps resume full --storage-path {tmp_path / 'r'}" in err
+
+
+@pytest.mark.ray
+@BOTH_MODES
+def test_a_hung_peer_under_ray_fails_the_trial_by_the_collective_timeout(ray_cluster: None, tmp_path: Path,
+                                                                        reuse: str) -> None:
+    from sweeps.runner import run_sweep
+    from sweeps.spec import parse_spec
+
+    text = ("name: hung\ntrainable: {name: 'tests.faulty:rank1_hangs'}\n"
+            "budget: {num_trials: 1, num_steps: 20, num_warmup_steps: 2, collective_timeout_s: 3, max_retries: 0}\n"
+            f"scaling: {{reuse_workers: {reuse}}}\n"
+            f"tracking: {{uri: 'sqlite:///{tmp_path / 'mlflow.db'}'}}\nstorage_path: {tmp_path / 'r'}\n")
+    t0 = time.monotonic()
+    outcome = run_sweep(parse_spec(text), text, echo=lambda _: None)
+    [trial] = outcome.trials
+    assert trial.status == "error" and "rank 0" in trial.reason and "imed out" in trial.reason, trial.reason
+    assert time.monotonic() - t0 < 120  # the 3 s timeout, not the hang, ends it (no process left: conftest checks)

@@ -16,14 +16,15 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.ray
 
 
-def test_trials_spread_over_nodes_and_survive_a_node_loss(tmp_path: Path) -> None:
+@pytest.mark.parametrize("reuse", ["true", "false"], ids=["warm", "cold"])  # scaling.reuse_workers
+def test_trials_spread_over_nodes_and_survive_a_node_loss(tmp_path: Path, reuse: str) -> None:
     # Ray's test Cluster writes the head's address to $RAY_TMPDIR/ray/ray_current_cluster (default
     # /tmp/ray, which a fresh machine does not have): give it a folder of its own, short for sockets.
     ray_tmp = Path(tempfile.mkdtemp(prefix="rx", dir="/tmp"))
     (ray_tmp / "ray").mkdir()
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_TMPDIR": str(ray_tmp)}
     try:
-        proc = subprocess.run([sys.executable, str(REPO / "tests" / "multinode_scenario.py"), str(tmp_path)],
+        proc = subprocess.run([sys.executable, str(REPO / "tests" / "multinode_scenario.py"), str(tmp_path), reuse],
                               cwd=REPO, env=env, capture_output=True, text=True, timeout=540)
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)

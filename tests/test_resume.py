@@ -25,6 +25,7 @@ name: resumable
 trainable: {{name: mlp-tabular, params: {{num_train_rows: 2048}}}}
 space: {{lr: {{type: float, low: 1.0e-3, high: 1.0e-2, log: true}}}}
 budget: {{num_trials: 2, num_steps: {steps}, num_warmup_steps: 2, report_interval_s: 0.5}}
+scaling: {{reuse_workers: {reuse}}}
 tracking: {{uri: 'sqlite:///{db}', experiment: resume-test}}
 storage_path: {storage}
 seed: 5
@@ -37,10 +38,11 @@ def _children(client: MlflowClient, parent: str) -> list:
 
 
 @pytest.mark.ray
-def test_killed_driver_resumes_without_losing_or_duplicating(ray_cluster: None, tmp_path: Path) -> None:
+@pytest.mark.parametrize("reuse", ["true", "false"], ids=["warm", "cold"])  # scaling.reuse_workers
+def test_killed_driver_resumes_without_losing_or_duplicating(ray_cluster: None, tmp_path: Path, reuse: str) -> None:
     import ray
 
-    text = SPEC.format(steps=300, db=tmp_path / "mlflow.db", storage=tmp_path / "r")
+    text = SPEC.format(steps=300, db=tmp_path / "mlflow.db", storage=tmp_path / "r", reuse=reuse)
     (tmp_path / "spec.yaml").write_text(text)
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     # The driver runs in its own process against this session's cluster, as `ray job submit` would.
@@ -80,7 +82,7 @@ def test_killed_driver_resumes_without_losing_or_duplicating(ray_cluster: None, 
 
 
 def test_another_spec_under_the_same_name_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    text = SPEC.format(steps=10, db=tmp_path / "mlflow.db", storage=tmp_path / "r")
+    text = SPEC.format(steps=10, db=tmp_path / "mlflow.db", storage=tmp_path / "r", reuse="true")
     SweepState(text, "tok", "run-1", "sqlite:///x").write(tmp_path / "r" / "resumable")
     other = text.replace("num_steps: 10", "num_steps: 20")
     with pytest.raises(SweepExists, match="a different sweep named 'resumable' already exists") as info:
@@ -98,7 +100,7 @@ def test_another_spec_under_the_same_name_is_refused(tmp_path: Path, capsys: pyt
 
 
 def test_resume_of_an_unknown_sweep_lists_the_known_ones(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    text = SPEC.format(steps=10, db=tmp_path / "mlflow.db", storage=tmp_path / "r")
+    text = SPEC.format(steps=10, db=tmp_path / "mlflow.db", storage=tmp_path / "r", reuse="true")
     SweepState(text, "tok", "run-1", "sqlite:///x").write(tmp_path / "r" / "resumable")
     assert main(["resume", "nope", "--storage-path", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
