@@ -7,6 +7,7 @@ import logging
 import math
 import os
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -242,12 +243,14 @@ class _SweepCallback(tune.Callback):
 
 def _interrupt_tune() -> bool:
     """End the Tune run as Ctrl+C does: Tune saves its state with the running trials unfinished,
-    and `Tuner.restore` runs them again. Tune installs that handler (for SIGINT and SIGUSR1) only
-    when it runs in the main thread."""
-    handler = signal.getsignal(signal.SIGUSR1)
-    if getattr(handler, "__name__", "") != "signal_interrupt_tune_run":
+    and `Tuner.restore` runs them again. Tune listens for SIGINT only when it runs in the main
+    thread, where it replaces Python's default handler; anywhere else (or with the default handler
+    still in place) there is nobody to tell, and the caller stops the trials another way."""
+    if threading.current_thread() is not threading.main_thread():
         return False
-    signal.raise_signal(signal.SIGUSR1)
+    if signal.getsignal(signal.SIGINT) in (signal.default_int_handler, signal.SIG_DFL, signal.SIG_IGN, None):
+        return False
+    signal.raise_signal(signal.SIGINT)
     return True
 
 

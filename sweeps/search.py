@@ -1,6 +1,7 @@
 """The search: which configuration to try next, and when to stop a trial early.
 
-One Optuna study behind Ray Tune's `OptunaSearch`, extended with what a throughput sweep needs:
+One Optuna study, driven through its public ask/tell API from Ray Tune's public `Searcher`
+interface, with what a throughput sweep needs:
 
 - **Infeasibility is learned, not ignored.** Optuna drops FAILed trials, so a sampler keeps
   proposing batch sizes that run out of memory. A trial that cannot run (oom, unsupported) or
@@ -17,13 +18,13 @@ they share live state through `shared(token)` rather than through references.
 from __future__ import annotations
 
 import logging
-import warnings
+import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
-from ray.tune.search.optuna import OptunaSearch
+from ray.tune.search import Searcher
 
 from sweeps.space import optuna_space
 from sweeps.spec import PARAMS_PREFIX, ConstraintSpec, SweepSpec
@@ -75,81 +76,85 @@ def oom_excluded(token: str, knobs: dict[str, Any]) -> int | None:
     return bound if bound is not None and int(knobs["batch_size"]) >= bound else None
 
 
-class SweepSearch(OptunaSearch):
-    """OptunaSearch with infeasibility feedback, monotone OOM skipping and grid mode."""
+class SweepSearch(Searcher):
+    """Tune's public `Searcher` over an Optuna study's public ask/tell, with infeasibility feedback,
+    monotone OOM skipping and grid mode. Nothing of `OptunaSearch` is used."""
 
-    def __init__(self, *args: Any, token: str, fixed: dict[str, Any], constraints: list[ConstraintSpec],
-                 grid: list[dict[str, Any]] | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, space: dict[str, Any], metric: str | list[str], mode: str | list[str],
+                 sampler: optuna.samplers.BaseSampler, token: str, fixed: dict[str, Any],
+                 constraints: list[ConstraintSpec], grid: list[dict[str, Any]] | None = None) -> None:
+        # Tune's base class keeps one metric and mode; a multi-objective study keeps its own lists
+        super().__init__(metric=metric if isinstance(metric, str) else metric[0],
+                         mode=mode if isinstance(mode, str) else mode[0])
+        self._metrics = [metric] if isinstance(metric, str) else list(metric)
+        modes = [mode] if isinstance(mode, str) else list(mode)
+        self._space = space
+        self._study = optuna.create_study(sampler=sampler, directions=[
+            "maximize" if m == "max" else "minimize" for m in modes])
         self._token = token
         self._fixed = fixed
         self._constraints = list(constraints)
         self._grid = list(grid) if grid is not None else None
-        self._deferred: dict[str, Any] = {}  # errored trials waiting for the callback to classify them
+        self._asked: dict[str, optuna.trial.Trial] = {}  # Tune trial id -> its open Optuna trial
+        self._deferred: dict[str, optuna.trial.Trial] = {}  # errored trials waiting for the callback to classify them
+
+    def set_search_properties(self, metric: str | None, mode: str | None, config: dict[str, Any], **spec: Any) -> bool:
+        return True  # metric, mode and space come from the sweep spec, not from Tune
 
     # -- proposing ---------------------------------------------------------------------
 
-    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:  # type: ignore[override]  # FINISHED is a str
+    def _ask(self, trial_id: str) -> dict[str, Any]:
+        trial = self._study.ask(fixed_distributions=self._space)
+        self._asked[trial_id] = trial
+        return dict(trial.params)
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | None:
         self._settle()
         if self._grid is not None:
             return self._suggest_grid(trial_id)
         for _ in range(_MAX_SKIPS):
-            config = super().suggest(trial_id)
-            if not isinstance(config, dict):
-                return config
+            config = self._ask(trial_id)
             bound = oom_excluded(self._token, {**self._fixed, **config})
             if bound is None:
                 return config
             logger.info("skipping %s: batch %d already ran out of memory at that precision", config, bound)
-            self._tell_infeasible(self._ot_trials.pop(trial_id), {_FITS: 1.0})
+            self._tell_infeasible(self._asked.pop(trial_id), {_FITS: 1.0})
         logger.warning("every proposal is at or above a batch size that ran out of memory; ending the search")
-        return self.FINISHED
+        return Searcher.FINISHED  # type: ignore[return-value]  # Tune's sentinel is a str
 
-    def _suggest_grid(self, trial_id: str) -> dict[str, Any] | str | None:
+    def _suggest_grid(self, trial_id: str) -> dict[str, Any] | None:
         assert self._grid is not None
         while self._grid:
             point = self._grid.pop(0)
             if oom_excluded(self._token, {**self._fixed, **point}) is None:
-                assert self._ot_study is not None
-                self._ot_study.enqueue_trial(point)
-                return super().suggest(trial_id)
+                self._study.enqueue_trial(point)
+                return self._ask(trial_id)
             logger.info("grid: skipping %s, a smaller batch already ran out of memory", point)
-        return self.FINISHED
+        return Searcher.FINISHED  # type: ignore[return-value]
 
     # -- learning ----------------------------------------------------------------------
 
-    def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
-        # The base class indexes result[metric]: intermediate reports may lack the objective.
-        if isinstance(self.metric, str) and self.metric in result:
-            with warnings.catch_warnings():  # a trial run again after a resume reports its first steps again
-                warnings.filterwarnings("ignore", message="The reported value is ignored because", category=UserWarning)
-                super().on_trial_result(trial_id, result)
-
     def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
-        if trial_id in self._completed_trials or trial_id not in self._ot_trials:
+        ot_trial = self._asked.pop(trial_id, None)
+        if ot_trial is None:  # told already (e.g. a trial run again after a resume)
             return
         if error:
             # Tune tells the searcher before its callbacks see the error, so the failure kind
             # is not known yet: settle once the sweep callback has classified it.
-            self._deferred[trial_id] = self._ot_trials[trial_id]
-            self._completed_trials.add(trial_id)
+            self._deferred[trial_id] = ot_trial
             return
         result = result or {}
-        ot_trial = self._ot_trials[trial_id]
-        metrics = self.metric if isinstance(self.metric, list) else [self.metric]
-        values = [result.get(m) for m in metrics]
+        raw = [result.get(m) for m in self._metrics]
         finished = result.get(FINAL) == 1  # else stopped early (ASHA, time budget, breaker)
-        self._completed_trials.add(trial_id)
-        if any(not isinstance(v, (int, float)) for v in values) or not finished:
-            assert self._ot_study is not None
-            self._ot_study.tell(ot_trial, state=optuna.trial.TrialState.PRUNED)  # stopped early
+        if any(not isinstance(v, (int, float)) for v in raw) or not finished:
+            self._study.tell(ot_trial, state=optuna.trial.TrialState.PRUNED)  # stopped early
             return
+        values = [float(v) for v in raw]  # type: ignore[arg-type]  # numbers, checked above
         for c in self._constraints:
             ot_trial.set_constraint(str(c), c.violation(result.get(c.metric)))
         ot_trial.set_constraint(_FITS, 0.0)
-        assert self._ot_study is not None
         try:
-            self._ot_study.tell(ot_trial, values if len(values) > 1 else values[0])
+            self._study.tell(ot_trial, values if len(values) > 1 else values[0])
         except Exception as exc:  # noqa: BLE001 - e.g. a NaN objective: Optuna marks it FAIL
             logger.warning("Optuna refused trial %s's result: %s", trial_id, exc)
 
@@ -161,20 +166,33 @@ class SweepSearch(OptunaSearch):
             if failures[trial_id] in INFEASIBLE_KINDS:
                 self._tell_infeasible(ot_trial, {_FITS: 1.0})
             else:  # a crash or a bug says nothing about the configuration
-                assert self._ot_study is not None
-                self._ot_study.tell(ot_trial, state=optuna.trial.TrialState.FAIL)
+                self._study.tell(ot_trial, state=optuna.trial.TrialState.FAIL)
 
-    def _tell_infeasible(self, ot_trial: Any, violations: dict[str, float]) -> None:
+    def _tell_infeasible(self, ot_trial: optuna.trial.Trial, violations: dict[str, float]) -> None:
         """COMPLETE with constraint violations: TPE ranks it below every feasible trial (the
         value itself is never compared; Optuna needs one, so it is the worst possible)."""
         for c in self._constraints:
             ot_trial.set_constraint(str(c), 1.0)
         for name, v in violations.items():
             ot_trial.set_constraint(name, v)
-        assert self._ot_study is not None
         worst = [float("-inf") if d == optuna.study.StudyDirection.MAXIMIZE else float("inf")
-                 for d in self._ot_study.directions]
-        self._ot_study.tell(ot_trial, worst if len(worst) > 1 else worst[0])
+                 for d in self._study.directions]
+        self._study.tell(ot_trial, worst if len(worst) > 1 else worst[0])
+
+    # -- Tune's experiment state (resume) ---------------------------------------------------
+
+    def save(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "wb") as f:
+            pickle.dump(self.__dict__, f)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as f:
+            self.__dict__.update(pickle.load(f))
+
+    @property
+    def study(self) -> optuna.study.Study:
+        """The Optuna study behind the search (read-only use: reports, tests)."""
+        return self._study
 
 
 def make_searcher(spec: SweepSpec, token: str) -> SweepSearch | None:
@@ -190,7 +208,7 @@ def make_searcher(spec: SweepSpec, token: str) -> SweepSearch | None:
         space=optuna_space(spec),
         metric=list(obj.metrics) if obj.multi else obj.primary,
         mode=list(obj.modes) if obj.multi else obj.primary_mode,
-        sampler=sampler,  # seeded; OptunaSearch ignores its own seed when given a sampler
+        sampler=sampler,  # seeded
         token=token,
         fixed=spec.space.fixed(),
         constraints=obj.constraints,

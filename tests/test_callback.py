@@ -79,3 +79,18 @@ def test_an_objective_no_trial_reports_stops_the_sweep_listing_what_was_reported
     assert row.status == "config"
     assert "the trial reported no eval/accuracy" in row.reason and "it reported: loss/val, throughput/samples_per_s" in row.reason
     assert tripped.startswith("objective metric not reported") and any("STOPPING the sweep" in line for line in lines)
+
+
+def test_halting_interrupts_tune_through_its_sigint_handler_only_when_one_listens() -> None:
+    import signal
+
+    from sweeps.runner import _interrupt_tune
+
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert _interrupt_tune() is False  # no Tune listening: nothing is raised, the caller stops trials instead
+    heard: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: heard.append(signum))
+    try:
+        assert _interrupt_tune() is True and heard == [signal.SIGINT]
+    finally:
+        signal.signal(signal.SIGINT, previous)

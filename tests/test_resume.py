@@ -42,7 +42,9 @@ def _children(client: MlflowClient, parent: str) -> list:
 def test_killed_driver_resumes_without_losing_or_duplicating(ray_cluster: None, tmp_path: Path, reuse: str) -> None:
     import ray
 
-    text = SPEC.format(steps=300, db=tmp_path / "mlflow.db", storage=tmp_path / "r", reuse=reuse)
+    # warm trials start in a fraction of a second: long enough that trial 2 still trains when killed
+    text = SPEC.format(steps=300 if reuse == "false" else 1500, db=tmp_path / "mlflow.db", storage=tmp_path / "r",
+                       reuse=reuse)
     (tmp_path / "spec.yaml").write_text(text)
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     # The driver runs in its own process against this session's cluster, as `ray job submit` would.
@@ -61,7 +63,9 @@ def test_killed_driver_resumes_without_losing_or_duplicating(ray_cluster: None, 
                 before = {r.data.tags["sweep.trial_id"]: r.info.run_id for r in runs}
                 break
         time.sleep(0.5)
-    # No wait needed: Tune saves its state every 2 s and a trial takes longer than that to start.
+    # Tune saves its state every 2 s: a trial started in the last 2 s would be forgotten ("lost", by
+    # design); a warm trial starts fast enough for that, so give Tune one save first.
+    time.sleep(2.5)
     driver.send_signal(signal.SIGKILL)
     out = driver.communicate(timeout=30)[0]
     assert before, f"the sweep never reached its second trial:\n{out[-3000:]}"

@@ -4,6 +4,7 @@ Optuna as constraints, deferred classification of errored trials, grid mode, mul
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -48,7 +49,7 @@ def test_no_batch_at_or_above_an_oom_bound_is_proposed(token: str) -> None:
     bf16 = [p["batch_size"] for p in proposals if p["precision"] == "bf16-mixed"]
     assert fp32 and max(fp32) < 64  # bounded for fp32 ...
     assert bf16 and max(bf16) >= 64  # ... and only for fp32
-    skipped = [t for t in search._ot_study.trials if t.constraints.get("fits", 0) > 0]
+    skipped = [t for t in search.study.trials if t.constraints.get("fits", 0) > 0]
     assert skipped and all(t.state == optuna.trial.TrialState.COMPLETE for t in skipped)  # told, not dropped
 
 
@@ -65,11 +66,11 @@ def test_errored_trials_are_told_once_classified(token: str) -> None:
     search.on_trial_complete("oom", error=True)  # Tune tells the searcher before the callback classifies
     search.on_trial_complete("crash", error=True)
     search.on_trial_complete("ok", {TPUT: 5.0, FINAL: 1})
-    states = {t.number: t.state for t in search._ot_study.trials}
+    states = {t.number: t.state for t in search.study.trials}
     assert states[0] == states[1] == optuna.trial.TrialState.RUNNING  # not yet told
     shared(token).failures.update({"oom": "oom", "crash": "crash"})
     search.suggest("next")
-    trials = search._ot_study.trials
+    trials = search.study.trials
     assert trials[0].state == optuna.trial.TrialState.COMPLETE and trials[0].constraints == {"fits": 1.0}
     assert trials[1].state == optuna.trial.TrialState.FAIL  # a crash says nothing about the configuration
     assert trials[2].value == 5.0 and trials[2].constraints == {"fits": 0.0}
@@ -80,7 +81,7 @@ def test_a_trial_stopped_early_is_pruned_not_complete(token: str) -> None:
     search.suggest("t")
     search.on_trial_result("t", {"loss/train": 1.0})  # no objective yet: must not raise
     search.on_trial_complete("t", {TPUT: 9.0, FINAL: 0})
-    assert search._ot_study.trials[0].state == optuna.trial.TrialState.PRUNED
+    assert search.study.trials[0].state == optuna.trial.TrialState.PRUNED
 
 
 LANDSCAPE = """\
@@ -145,7 +146,7 @@ def test_multi_objective_tells_both_values(token: str) -> None:
     search = _searcher(text, token)
     search.suggest("t")
     search.on_trial_complete("t", {TPUT: 10.0, "loss/val": 2.0, FINAL: 1})
-    assert search._ot_study.trials[0].values == [10.0, 2.0] and len(search._ot_study.directions) == 2
+    assert search.study.trials[0].values == [10.0, 2.0] and len(search.study.directions) == 2
 
 
 def test_asha_compares_trials_at_equal_measured_steps() -> None:
@@ -169,3 +170,19 @@ def test_an_oom_bounds_the_batch_only_for_the_same_own_params() -> None:
         assert oom_excluded(token, {**wide, "batch_size": 32}) is None
     finally:
         release(token)
+
+
+def test_the_searcher_is_tunes_public_searcher_and_its_state_survives_save_restore(token: str, tmp_path: Path) -> None:
+    from ray.tune.search import Searcher
+    from ray.tune.search.optuna import OptunaSearch
+
+    search = _searcher(SPEC, token)
+    assert isinstance(search, Searcher) and not isinstance(search, OptunaSearch)
+    first = search.suggest("a")
+    search.on_trial_complete("a", {TPUT: 3.0, FINAL: 1})
+    pending = search.suggest("b")
+    search.save(str(tmp_path / "s.pkl"))
+    again = _searcher(SPEC, token)
+    again.restore(str(tmp_path / "s.pkl"))
+    again.on_trial_complete("b", {TPUT: 4.0, FINAL: 1})  # a trial asked before the save is told after it
+    assert [t.value for t in again.study.trials] == [3.0, 4.0] and [t.params for t in again.study.trials] == [first, pending]
