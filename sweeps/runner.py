@@ -358,6 +358,7 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
     exp_dir = experiment_dir(spec)
     token = state.token if state is not None else uuid.uuid4().hex
     pool = WarmPool(spec, str(exp_dir / "trials"), token) if spec.scaling.reuse_workers else None
+    probe_tags: dict[str, str] = {}
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, spec=spec, storage_path=str(exp_dir / "trials"),
                              pool=pool.queue if pool is not None else None), _DRIVER_RESOURCES)
@@ -395,6 +396,10 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
         )
     ok = False
     try:
+        if pool is not None and spec.search.probe_batch_size:  # before the search: bounds what it proposes
+            from sweeps.probe import probe_frontier
+
+            probe_tags = probe_frontier(spec, pool.queue, token, echo)
         tuner.fit()
         ok = True
     finally:
@@ -419,7 +424,8 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
                                time.monotonic() - t0, tripped, interrupted)
         best = outcome.best
         metrics = {spec.objective.primary: float(best.metrics[spec.objective.primary])} if best else {}
-        tags = {"sweep.trials_ok": str(len(outcome.ranked())), "sweep.trials_total": str(len(outcome.trials))}
+        tags = {"sweep.trials_ok": str(len(outcome.ranked())), "sweep.trials_total": str(len(outcome.trials)),
+                **probe_tags}
         if tripped:
             tags["sweep.stopped"] = tripped[:5000]
         if interrupted:

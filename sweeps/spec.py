@@ -400,6 +400,9 @@ class SearchSpec(BaseModel):
     algorithm: Literal["tpe", "random", "grid"] = Field(
         default="tpe", description="tpe: Optuna TPE (constraint-aware); random; grid: every combination once")
     early_stopping: EarlyStoppingSpec | None = None
+    probe_batch_size: bool = Field(default=False, description="before the search, find each precision's largest "
+                                   "batch size that fits (a few steps per candidate, binary search on the warm "
+                                   "workers); larger batches are never run")
 
 
 class BudgetSpec(BaseModel):
@@ -534,6 +537,12 @@ class SweepSpec(BaseModel):
         if es is not None and es.grace_steps >= self.budget.num_steps:
             raise ValueError(f"search.early_stopping.grace_steps ({es.grace_steps}) must be below budget.num_steps "
                              f"({self.budget.num_steps}), or nothing is ever stopped")
+        if self.search.probe_batch_size and not self.scaling.reuse_workers:
+            raise ValueError("search.probe_batch_size: the probe runs on warm worker groups; set "
+                             "scaling.reuse_workers: true (or drop the probe)")
+        if self.search.probe_batch_size and "batch_size" not in self.space.searched():
+            raise ValueError("search.probe_batch_size: batch_size is fixed, so there is nothing to probe; search "
+                             "it (e.g. batch_size: {type: categorical, choices: [32, 64, 128, 256]}) or drop the probe")
         if self.search.algorithm == "grid":
             points = self.space.grid_points()  # raises naming a knob that has no finite set of values
             if len(points) != self.budget.num_trials:

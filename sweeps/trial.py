@@ -71,7 +71,7 @@ def make_group_trainer(spec: SweepSpec, queue: Any, slot: int, name: str, storag
                           name, storage_path, callbacks=[])
 
 
-class _WarmFailure(Exception):
+class WarmFailure(Exception):
     """A trial's failure as its warm group reported it (per rank), with its last checkpoint."""
 
     def __init__(self, failures: dict[Any, BaseException], checkpoint: str | None) -> None:
@@ -97,7 +97,7 @@ def _run_warm(pool: Any, trial_id: str, cfg: TrialConfig, checkpoint_dir: Path, 
                 if "failed" in event:
                     if not event["failed"]:  # every rank finished, one too late to say so: the result stands
                         return
-                    raise _WarmFailure(event["failed"], checkpoint)
+                    raise WarmFailure(event["failed"], checkpoint)
                 checkpoint = event.get("checkpoint", checkpoint)
                 tune.report(event["metrics"])
                 if event["metrics"].get(FINAL) == 1:

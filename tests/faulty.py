@@ -182,3 +182,23 @@ def warm_modes(params: dict[str, Any], ctx: BuildContext) -> Workload:
     elif mode == "crash":
         workload.model = _Dies(workload.model, ctx.rank)
     return workload
+
+
+class _OomOnRank1Above(nn.Module):
+    """An injected memory limit on one rank only: rank 1 runs out of memory above `limit` samples,
+    rank 0 never does (so without the probe's agreement rank 0 would wait for rank 1 forever)."""
+
+    def __init__(self, inner: nn.Module, rank: int, limit: int) -> None:
+        super().__init__()
+        self.inner, self.rank, self.limit = inner, rank, limit
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.rank == 1 and x.shape[0] > self.limit:
+            raise torch.OutOfMemoryError(f"CUDA out of memory (injected: batch {x.shape[0]} > {self.limit})")
+        return self.inner(x)  # type: ignore[no-any-return]
+
+
+def oom_on_rank1_above(params: dict[str, Any], ctx: BuildContext) -> Workload:
+    workload = build("mlp-tabular", {"num_train_rows": 4096, "num_val_rows": 256}, ctx)
+    workload.model = _OomOnRank1Above(workload.model, ctx.rank, int(params["limit"]))
+    return workload

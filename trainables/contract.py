@@ -120,6 +120,7 @@ class TrialConfig:
     lr_warmup_steps: int = 0  # optimizer steps of linear LR warm-up from lr/lr_warmup_steps to lr
     lr_schedule: str = "constant"  # after warm-up: "constant", or "cosine" decay to 0 at the last step
     tf32_under_autocast: bool = False  # mixed precisions: fp32 matmuls/convolutions left by autocast use TF32 (CUDA)
+    probe: bool = False  # a memory probe: OOM agreed by all ranks every step, no gradient all-reduce, no validation
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:

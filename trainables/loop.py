@@ -220,6 +220,16 @@ def _load_state(path: str, model: nn.Module, optimizer: torch.optim.Optimizer, s
     return int(state["measured_steps"])
 
 
+def _all_ranks_fit(oom: bool, cfg: TrialConfig, device: torch.device) -> None:
+    """A memory probe's step: every rank learns whether any rank ran out of memory, and all of them
+    raise together (so the group stays healthy and nobody waits for a rank that gave up)."""
+    (any_oom,) = _all_reduce([1.0 if oom else 0.0], device, op="max")
+    if any_oom:
+        where = "this rank" if oom else "another rank"
+        raise torch.OutOfMemoryError(f"out of memory at batch_size={cfg.batch_size} ({cfg.precision}) on {where} "
+                                     "(memory probe)")
+
+
 def _make_optimizer(wl: Workload, model: nn.Module, cfg: TrialConfig, device: torch.device) -> torch.optim.Optimizer:
     if wl.optimizer_fn is None:
         return torch.optim.AdamW(model.parameters(), lr=cfg.lr, fused=device.type == "cuda")
@@ -349,21 +359,32 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dic
                     telemetry.start()
             elif step == 1:
                 warm_t0 = timer.now(sync=True)  # step 0 (allocations, loader start-up) is not representative
+            oom = False
             for micro in range(accum):
                 with timer.data_wait():
                     batch = next(batches)
                 n = checked_count(count, batch)
                 with telemetry.h2d_copy(timer.measuring) if telemetry is not None else contextlib.nullcontext():
                     moved = move_to_device(batch, device, pin, channels_last)
-                # DDP all-reduces gradients on the last micro-batch only
-                with ddp.no_sync() if ddp is not None and micro < accum - 1 else contextlib.nullcontext():
-                    with prec.autocast():
-                        loss = loss_of(step_fn(ddp_model, moved), training=True)
-                    scaled = loss / accum if accum > 1 else loss
-                    (scaler.scale(scaled) if scaler is not None else scaled).backward()
+                # DDP all-reduces gradients on the last micro-batch only; never in a memory probe,
+                # where a rank that runs out of memory must not leave its peers in that all-reduce
+                sync = micro == accum - 1 and not cfg.probe
+                with ddp.no_sync() if ddp is not None and not sync else contextlib.nullcontext():
+                    try:
+                        with prec.autocast():
+                            loss = loss_of(step_fn(ddp_model, moved), training=True)
+                        scaled = loss / accum if accum > 1 else loss
+                        (scaler.scale(scaled) if scaler is not None else scaled).backward()
+                    except torch.OutOfMemoryError:
+                        if not cfg.probe:
+                            raise
+                        oom = True
+                        break
                 if timer.measuring:
                     items += n
                     loss_sum += loss.detach().float() / accum
+            if cfg.probe:
+                _all_ranks_fit(oom, cfg, device)
             if scaler is not None:
                 if cfg.max_grad_norm > 0:
                     scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
@@ -397,9 +418,10 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dic
 
     final = window_metrics(final=True)
     _close_loader(loader, batches)  # after the last telemetry sample, which counts loader CPU
-    final.update(_validate(ddp_model, wl, cfg, prec, device, pin, step_fn, count))
-    if not math.isfinite(final[contract.LOSS_VAL]):
-        raise DivergedError(f"validation loss is {final[contract.LOSS_VAL]}")
+    if not cfg.probe:  # a memory probe only asks whether the training step fits
+        final.update(_validate(ddp_model, wl, cfg, prec, device, pin, step_fn, count))
+        if not math.isfinite(final[contract.LOSS_VAL]):
+            raise DivergedError(f"validation loss is {final[contract.LOSS_VAL]}")
     peak, gpu_facts = _gpu_layout(device, cfg.precision, world)
     final.update(_flops_metrics(final, wl, peak))
     final[contract.FINAL] = 1
