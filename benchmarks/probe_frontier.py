@@ -38,13 +38,13 @@ def main() -> None:
     a = ap.parse_args()
     import ray
 
-    from sweeps import runner
+    from sweeps import resources
     from sweeps.pool import WarmPool
     from sweeps.probe import probe_frontier
     from sweeps.spec import parse_spec
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(REPO), **runner.LEAN_TRAIN_ENV}})
+             runtime_env={"env_vars": {"PYTHONPATH": str(REPO), **resources.LEAN_TRAIN_ENV}})
     rows, out = [], []
     budget = math.ceil(math.log2(len(CHOICES))) + 1
     try:

@@ -47,7 +47,7 @@ def main() -> None:
     args = parser.parse_args()
     import ray
 
-    from sweeps import runner
+    from sweeps import resources
     from sweeps.runner import run_sweep
     from sweeps.spec import parse_spec
 
@@ -62,7 +62,7 @@ def main() -> None:
             walls[int(m.group(1))] = now - starts[int(m.group(1))]
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(REPO), **runner.LEAN_TRAIN_ENV}})
+             runtime_env={"env_vars": {"PYTHONPATH": str(REPO), **resources.LEAN_TRAIN_ENV}})
     try:
         with tempfile.TemporaryDirectory() as tmp:
             text = SPEC.format(trials=args.trials, steps=args.steps, tmp=tmp)

@@ -9,7 +9,7 @@ On a Ray runtime started once per variant and round (its start-up excluded), per
   Tune trial (function trainable) that returns at once.
 
 Variants (alternating): `default` (Ray's settings, a new Tune actor per trial), `lean`
-(`sweeps.runner.LEAN_TRAIN_ENV`, a new Tune actor per trial), `lean-reuse` (lean, and Tune's actor
+(`sweeps.resources.LEAN_TRAIN_ENV`, a new Tune actor per trial), `lean-reuse` (lean, and Tune's actor
 reused across trials, `sweeps.runner.REUSE_TRIAL_ACTORS`: one TorchTrainer per trial) and `warm`
 (lean-reuse with `scaling.reuse_workers: true`: one long-lived worker group serves every trial).
 
@@ -88,7 +88,7 @@ def bare_tune() -> float:
         return time.monotonic() - t0
 
 
-# lean: `sweeps.runner.LEAN_TRAIN_ENV` (what `sweeps run` sets on a local cluster) in the job's runtime env.
+# lean: `sweeps.resources.LEAN_TRAIN_ENV` (what `sweeps run` sets on a local cluster) in the job's runtime env.
 
 
 def main() -> None:
@@ -109,9 +109,9 @@ def main() -> None:
         for v in variants}
     for r in range(args.rounds):
         for v in variants[r % len(variants):] + variants[:r % len(variants)]:
-            from sweeps import runner
+            from sweeps import resources, runner
 
-            env = {"PYTHONPATH": str(REPO), **(runner.LEAN_TRAIN_ENV if v.startswith("lean") or v == "warm" else {})}
+            env = {"PYTHONPATH": str(REPO), **(resources.LEAN_TRAIN_ENV if v.startswith("lean") or v == "warm" else {})}
             runner.REUSE_TRIAL_ACTORS = v.endswith("reuse") or v == "warm"
             t0 = time.monotonic()
             ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": env}, log_to_driver=False)

@@ -38,7 +38,7 @@ def main() -> None:
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.util.state import list_actors
 
-    from sweeps.runner import LEAN_TRAIN_ENV
+    from sweeps.resources import LEAN_TRAIN_ENV
 
     ray.init(num_cpus=2, include_dashboard=True, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(REPO), **LEAN_TRAIN_ENV}})

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sweeps.spec import SweepSpec
+from trainables.contract import FINAL, STEPS
 
 MEASURED = ("ok", "infeasible")  # ran to its final report: its figures are real (infeasible breaks a constraint)
 NOT_FAILED = (*MEASURED, "pruned", "stopped")  # ended early on purpose; nothing went wrong
@@ -22,6 +23,30 @@ class TrialRow:
     reason: str = ""
     verdict: str = ""  # "name: one-line reason" for finished trials
     metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def end_status(spec: SweepSpec, metrics: dict[str, Any], tripped: str, out_of_time: bool) -> tuple[str, str, list[str]]:
+    """How a trial that Tune ended without an error ended: (status, reason, objective metrics it lacks).
+
+    Finished (final report): ok, or infeasible when it breaks a constraint; without one of the
+    objective's metrics it cannot be ranked (the caller stops the sweep). Ended early: stopped by
+    the breaker or the time budget, or pruned by ASHA."""
+    obj = spec.objective
+    if metrics.get(FINAL) == 1:
+        missing = [m for m in (*obj.metrics, *(c.metric for c in obj.constraints)) if m not in metrics]
+        if missing:
+            return "config", "", missing
+        broken = [f"{c.metric}={metrics.get(c.metric)} breaks {c}" for c in obj.constraints
+                  if c.violation(metrics.get(c.metric)) > 0]
+        return ("infeasible" if broken else "ok"), "; ".join(broken), []
+    if tripped:
+        return "stopped", f"stopped early: {tripped}", []
+    if out_of_time:
+        return "stopped", f"the sweep's time budget ({spec.budget.time_budget_s:g}s) ran out", []
+    if spec.search.early_stopping is not None:
+        return "pruned", (f"stopped by ASHA after {metrics.get(STEPS)} measured steps: "
+                          f"{obj.primary}={metrics.get(obj.primary, float('nan')):.4g} was behind the others"), []
+    return "stopped", "ended without its final report", []
 
 
 def dominates(a: tuple[float, ...], b: tuple[float, ...]) -> bool:

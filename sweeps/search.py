@@ -230,3 +230,10 @@ def make_scheduler(spec: SweepSpec) -> TrialScheduler:
         grace_period=es.grace_steps,
         reduction_factor=es.reduction_factor,
     )
+
+
+def knobs_of(spec: SweepSpec, row: Any) -> dict[str, Any]:
+    """A trial's knobs as the searcher names them: its logged params carry the trainable's own as
+    `workload.<name>`; the space names them `params.<name>`."""
+    own = {f"{PARAMS_PREFIX}{n}": row.params[f"workload.{n}"] for n in spec.space.params if f"workload.{n}" in row.params}
+    return {**spec.space.fixed(), **row.params, **own}

@@ -78,7 +78,7 @@ def ray_cluster() -> Iterator[None]:
     """A real local Ray cluster for the session, stopped through its own handle."""
     import ray
 
-    from sweeps.runner import LEAN_TRAIN_ENV  # what `sweeps run` uses on a local cluster
+    from sweeps.resources import LEAN_TRAIN_ENV  # what `sweeps run` uses on a local cluster
 
     temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths are length-limited
     # Workers can import test-only trainables (tests.faulty) from the repo, as a job's working dir would.

@@ -6,7 +6,7 @@ import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
-from sweeps.runner import _LIVE, _SweepCallback
+from sweeps.callback import _LIVE, SweepCallback
 from sweeps.search import release
 from sweeps.spec import parse_spec
 from sweeps.tracking import SweepTracker
@@ -27,7 +27,7 @@ def test_final_infeasible_and_pruned_trials(tmp_path: Path) -> None:
     tracker.start_sweep("cb", "", SPEC, {})
     token = uuid.uuid4().hex
     lines: list[str] = []
-    cb = _SweepCallback(spec, tracker, lines.append, token)
+    cb = SweepCallback(spec, tracker, lines.append, token)
     try:
         for tid, result in (
             ("ok", {"throughput/samples_per_s": 10.0, "loss/val": 1.5, "progress/steps": 10, "progress/final": 1}),
@@ -49,12 +49,12 @@ def test_final_infeasible_and_pruned_trials(tmp_path: Path) -> None:
     # a callback pickles as its token (Tune writes it into tuner.pkl) and comes back as the live one
     import pickle
 
-    cb2 = _SweepCallback(spec, tracker, lines.append, token)
+    cb2 = SweepCallback(spec, tracker, lines.append, token)
     try:
         assert pickle.loads(pickle.dumps(cb2)) is cb2
     finally:
         _LIVE.pop(token, None)
-    assert type(pickle.loads(pickle.dumps(cb2))) is not _SweepCallback  # no live sweep: an inert callback
+    assert type(pickle.loads(pickle.dumps(cb2))) is not SweepCallback  # no live sweep: an inert callback
 
 
 def test_an_objective_no_trial_reports_stops_the_sweep_listing_what_was_reported(tmp_path: Path) -> None:
@@ -65,7 +65,7 @@ def test_an_objective_no_trial_reports_stops_the_sweep_listing_what_was_reported
     tracker.start_sweep("cb", "", text, {})
     token = uuid.uuid4().hex
     lines: list[str] = []
-    cb = _SweepCallback(spec, tracker, lines.append, token)
+    cb = SweepCallback(spec, tracker, lines.append, token)
     try:
         trial = SimpleNamespace(trial_id="t1", config={"lr": 0.005})
         cb.on_trial_start(0, [], trial)
@@ -84,7 +84,7 @@ def test_an_objective_no_trial_reports_stops_the_sweep_listing_what_was_reported
 def test_halting_interrupts_tune_through_its_sigint_handler_only_when_one_listens() -> None:
     import signal
 
-    from sweeps.runner import _interrupt_tune
+    from sweeps.callback import _interrupt_tune
 
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert _interrupt_tune() is False  # no Tune listening: nothing is raised, the caller stops trials instead

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sweeps.runner import _concurrency_note, refuse_if_never_fits
+from sweeps.resources import concurrency_note, refuse_if_never_fits
 from sweeps.space import resolve_trial, trial_params
 from sweeps.spec import SpecError, parse_spec
 from sweeps.trial import make_trainer
@@ -27,7 +27,7 @@ def test_a_trial_reserves_its_loader_workers_and_the_checks_use_the_largest() ->
                                         r"x cpus_per_loader_worker\) = 2 x \(1 \+ 2 x 1\) = 6 CPUs but this cluster has 4"):
         refuse_if_never_fits(spec, {"CPU": 4.0})
     assert "cluster fits 1 trial(s) at once (6 CPU, 0 GPU each at most, with 2 loader worker(s) per rank)" in \
-        _concurrency_note(spec, {"CPU": 8.0})
+        concurrency_note(spec, {"CPU": 8.0})
     cfg = resolve_trial(spec, {"num_dataloader_workers": 2})
     assert make_trainer(cfg, spec.scaling, "n", "/tmp", callbacks=[]).scaling_config.resources_per_worker["CPU"] == 3
     assert trial_params(spec, cfg)["cpus_reserved"] == 6 and trial_params(spec, resolve_trial(spec, {}))["cpus_reserved"] == 2

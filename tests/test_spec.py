@@ -118,7 +118,7 @@ def test_objective_follows_the_workload_unit() -> None:
 
 
 def test_a_trial_larger_than_a_fixed_cluster_is_refused_before_it_runs() -> None:
-    from sweeps.runner import refuse_if_never_fits
+    from sweeps.resources import refuse_if_never_fits
 
     spec = parse_spec(BASE + "scaling: {num_workers: 2, cpus_per_worker: 2}\n")
     with pytest.raises(SpecError, match=r"scaling: a trial needs num_workers x cpus_per_worker = 2 x 2 CPUs but this cluster has 2"):

@@ -1,0 +1,183 @@
+"""The sweep's Tune callback: Tune's trial lifecycle, mirrored into MLflow, the progress lines,
+the circuit breaker, OOM bounds, verdicts and each trial's final status."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import cloudpickle
+from ray import tune
+
+from sweeps.breaker import FailureStreak
+from sweeps.failures import failure_of
+from sweeps.outcome import MEASURED, TrialRow, end_status
+from sweeps.progress import progress_line
+from sweeps.search import knobs_of, record_oom, shared
+from sweeps.space import resolve_trial, trial_params
+from sweeps.spec import SweepSpec
+from sweeps.tracking import SweepTracker
+from sweeps.trial import HALT_KEY
+from sweeps.verdict import verdict
+from trainables.contract import STEPS
+
+
+def _trial_error(trial: Any) -> BaseException | None:
+    """The exception an errored trial raised. Tune writes it to the trial's local dir first
+    and syncs it to storage later, so read the local copy Tune just wrote in this process."""
+    local = getattr(trial, "pickled_error_file", None)
+    if local and os.path.isfile(local):
+        with open(local, "rb") as f:
+            error = cloudpickle.load(f)
+        return error if isinstance(error, BaseException) else None
+    return trial.get_pickled_error()  # type: ignore[no-any-return]
+
+
+# The live callback of each running sweep, by token. Tune pickles its RunConfig into
+# `tuner.pkl`; a callback pickles as its token and unpickles (same process, or a resumed
+# driver that registered a new one) as the live callback, never as a stale copy.
+_LIVE: dict[str, SweepCallback] = {}
+
+
+def _live_callback(token: str) -> tune.Callback:
+    return _LIVE.get(token) or tune.Callback()  # outside a sweep (e.g. inspecting tuner.pkl): inert
+
+
+class SweepCallback(tune.Callback):
+    """Mirrors Tune's trial lifecycle into MLflow and prints concise progress lines."""
+
+    def __init__(self, spec: SweepSpec, tracker: SweepTracker, echo: Callable[[str], None], token: str,
+                 rows: list[TrialRow] | None = None) -> None:
+        self.spec, self.tracker, self.echo, self.token = spec, tracker, echo, token
+        self.rows: dict[str, TrialRow] = {r.trial_id: r for r in rows or []}
+        self.t0 = time.monotonic()
+        self._streak = FailureStreak(spec.budget.max_identical_failures)
+        self._started: set[str] = set()  # by this driver; Tune ends each one unless it stops early
+        self._ended: set[str] = set()
+        self.halted = ""  # why a trial asked to halt the sweep (HALT_KINDS)
+        for row in self.rows.values():  # a resumed sweep keeps what it learnt about memory
+            if row.status == "oom":
+                record_oom(token, knobs_of(spec, row))
+        _LIVE[token] = self
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (_live_callback, (self.token,))
+
+    @property
+    def tripped(self) -> str:
+        return shared(self.token).tripped
+
+    def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        params = trial_params(self.spec, resolve_trial(self.spec, dict(trial.config)))
+        row = self.rows.get(trial.trial_id)
+        if row is None:
+            row = TrialRow(trial.trial_id, max((r.number for r in self.rows.values()), default=0) + 1, params)
+            self.rows[trial.trial_id] = row
+        row.status, row.reason = "running", ""  # a resumed trial starts over in the same MLflow run
+        self._started.add(trial.trial_id)
+        self.tracker.trial_started(trial.trial_id, row.number, params)
+        row.run_id = self.tracker.run_id(trial.trial_id)
+        shown = ", ".join(f"{k}={v}" for k, v in trial.config.items())
+        self.echo(f"[trial {row.number}/{self.spec.budget.num_trials}] {trial.trial_id} started: {shown}")
+
+    def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any) -> None:
+        row = self.rows[trial.trial_id]
+        if result.get(HALT_KEY):
+            self._halt(row, str(result[HALT_KEY]))
+            return
+        row.metrics.update({k: v for k, v in result.items() if "/" in k})
+        self.tracker.trial_result(trial.trial_id, result, step=int(result.get(STEPS, iteration)))
+
+    def _halt(self, row: TrialRow, why: str) -> None:
+        row.reason = why
+        if self.halted:
+            return
+        self.halted = f"trial {row.number} {why}"
+        self.echo(f"HALTING the sweep: trial {row.number} {why}. Finished trials are kept; trials still running "
+                  "run again when the sweep is resumed.")
+        if not _interrupt_tune():  # not Tune's main thread: stop every trial instead (they end as stopped)
+            shared(self.token).tripped = f"halted: {self.halted}"
+
+    def started(self) -> set[str]:
+        """Trials this driver started (a resumed sweep's earlier trials are not among them)."""
+        return set(self._started)
+
+    def unfinished(self) -> set[str]:
+        """Trials this driver started that Tune never ended: it stopped early (a halt, Ctrl+C)."""
+        return self._started - self._ended
+
+    def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        row = self.rows[trial.trial_id]
+        status, reason, missing = end_status(self.spec, row.metrics, self.tripped, self._out_of_time())
+        if missing:
+            self._unranked(row, missing)
+        else:
+            self._finish(trial.trial_id, status, reason)
+
+    def _unranked(self, row: TrialRow, missing: list[str]) -> None:
+        """A finished trial without the objective's metrics cannot be ranked, and the next trials of
+        the same trainable will not report them either: stop the sweep now and say what is there."""
+        reported = sorted(k for k, v in row.metrics.items() if "/" in k and not k.startswith(("progress/", "device/"))
+                          and isinstance(v, (int, float)))
+        reason = (f"the trial reported no {', '.join(missing)}, so no trial can be ranked; it reported: "
+                  f"{', '.join(reported)}. Name one of those in objective (metric or constraints), or make the "
+                  "trainable report it (eval_fn for eval/<name>)")
+        self._finish(row.trial_id, "config", reason)
+        if not self.tripped:
+            shared(self.token).tripped = f"objective metric not reported: {reason}"
+            self.echo(f"STOPPING the sweep: {reason}")
+
+    def _out_of_time(self) -> bool:
+        limit = self.spec.budget.time_budget_s
+        return limit is not None and time.monotonic() - self.t0 >= limit * 0.95
+
+    def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        kind, reason = failure_of(_trial_error(trial))
+        shared(self.token).failures[trial.trial_id] = kind  # the searcher learns from it (infeasible or not)
+        self._finish(trial.trial_id, kind, reason)
+
+    def _finish(self, trial_id: str, status: str, reason: str) -> None:
+        self._ended.add(trial_id)
+        row = self.rows[trial_id]
+        row.status, row.reason = status, reason
+        tags = {}
+        if status in MEASURED:
+            v = verdict(row.metrics, row.params)
+            row.verdict = str(v)
+            tags = {"sweep.verdict": v.name, "sweep.verdict_reason": v.reason}
+        self.tracker.trial_ended(trial_id, status in (*MEASURED, "pruned"), status, reason, tags)
+        row.run_id = row.run_id or self.tracker.run_id(trial_id)
+        self.echo(self._progress(row))
+        self._count_failure(status, reason)
+        if status == "oom":
+            knobs = knobs_of(self.spec, row)
+            record_oom(self.token, knobs)
+            self.echo(f"out of memory at batch_size={knobs['batch_size']} ({knobs['precision']}): "
+                      "no larger batch will be tried")
+
+    def _count_failure(self, status: str, reason: str) -> None:
+        """Circuit breaker: the same error N times in a row will not fix itself (e.g. an ImportError)."""
+        why = self._streak.add(status, reason)
+        if why and not self.tripped:
+            shared(self.token).tripped = why
+            self.echo(f"STOPPING the sweep: {why}. Fix that, then run the sweep again.")
+
+    def _progress(self, row: TrialRow) -> str:
+        return progress_line(self.spec, row, list(self.rows.values()), time.monotonic() - self.t0)
+
+
+def _interrupt_tune() -> bool:
+    """End the Tune run as Ctrl+C does: Tune saves its state with the running trials unfinished,
+    and `Tuner.restore` runs them again. Tune listens for SIGINT only when it runs in the main
+    thread, where it replaces Python's default handler; anywhere else (or with the default handler
+    still in place) there is nobody to tell, and the caller stops the trials another way."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    if signal.getsignal(signal.SIGINT) in (signal.default_int_handler, signal.SIG_DFL, signal.SIG_IGN, None):
+        return False
+    signal.raise_signal(signal.SIGINT)
+    return True

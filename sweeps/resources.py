@@ -1,0 +1,72 @@
+"""What a sweep asks of the cluster: each trial's resources, whether they fit, and the runtime
+environment of a local cluster."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ray import tune
+
+from sweeps.spec import SpecError, SpecProblem, SweepSpec
+
+# The driver only launches and watches the Train workers: it holds no CPU, so a 2-core
+# machine can run a 2-worker trial. Ray refuses an empty bundle; 1 byte of memory is not.
+DRIVER_RESOURCES = tune.PlacementGroupFactory([{"CPU": 0, "memory": 1}])
+
+
+def concurrency_note(spec: SweepSpec, resources: dict[str, float]) -> str:
+    """How many trials fit the cluster at once (all workers of a trial start together)."""
+    need = spec.per_trial()
+    fits = min(int(resources.get(k, 0) // v) for k, v in need.items() if v > 0)
+    asked = spec.budget.max_concurrent_trials
+    loaders = spec.max_loader_workers()
+    also = f", with {loaders} loader worker(s) per rank" if loaders and spec.scaling.cpus_per_loader_worker else ""
+    note = (f"cluster fits {fits} trial(s) at once ({need['CPU']:g} CPU, {need['GPU']:g} GPU each at most{also}); "
+            f"running {asked}")
+    if fits == 0:
+        return note + " — WARNING: not even one trial fits now; trials wait for the autoscaler or fail"
+    if asked > fits:
+        return note + f" — WARNING: only {fits} fit, the rest wait; set budget.max_concurrent_trials: {fits}"
+    return note
+
+
+def refuse_if_never_fits(spec: SweepSpec, resources: dict[str, float]) -> None:
+    """On a fixed cluster (a local one), a trial that needs more than there is would wait forever."""
+    sc, need, loaders = spec.scaling, spec.per_trial(), spec.max_loader_workers()
+    problems = []
+    have_cpu, have_gpu = resources.get("CPU", 0), resources.get("GPU", 0)
+    if need["CPU"] > have_cpu and not (loaders and sc.cpus_per_loader_worker):
+        problems.append(SpecProblem("scaling", f"a trial needs num_workers x cpus_per_worker = {sc.num_workers} x "
+                                    f"{sc.cpus_per_worker} CPUs but this cluster has {have_cpu:g}; lower them or "
+                                    "run on a bigger cluster (ray job submit)"))
+    elif need["CPU"] > have_cpu:
+        problems.append(SpecProblem("scaling", f"the largest trial needs num_workers x (cpus_per_worker + "
+                                    f"num_dataloader_workers x cpus_per_loader_worker) = {sc.num_workers} x "
+                                    f"({sc.cpus_per_worker} + {loaders} x {sc.cpus_per_loader_worker:g}) = "
+                                    f"{need['CPU']:g} CPUs but this cluster has {have_cpu:g}; search fewer loader "
+                                    "workers, or on a small machine declare a smaller share "
+                                    "(scaling.cpus_per_loader_worker: 0.5, or 0 to let loaders share their rank's cores)"))
+    if need["GPU"] > have_gpu:
+        problems.append(SpecProblem("scaling", f"a trial needs {need['GPU']:g} GPUs but this "
+                                    f"cluster has {have_gpu:g}; set use_gpu: false or run where GPUs are"))
+    if problems:
+        raise SpecError(f"sweep {spec.name}", problems)
+
+
+# Ray Train V2 settings that cut its per-trial start-up and teardown on a local machine (about 3 s
+# of ~14 s per trial on 2 vCPU, benchmarks/sweep_overhead.py): no preemption-watcher actor (there
+# is nothing to preempt locally), no metrics callbacks, and the controller polls its workers every
+# 0.5 s instead of 2 s, so it notices the end of training sooner. A user's own values win.
+LEAN_TRAIN_ENV = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0", "RAY_TRAIN_METRICS_ENABLED": "0",
+                  "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
+
+
+def local_runtime_env() -> dict[str, Any] | None:
+    """Outside a Ray job, let workers import user trainables from the current directory, as
+    `ray job submit --working-dir .` does inside one, and start Ray Train lean."""
+    if os.environ.get("RAY_ADDRESS") or os.environ.get("RAY_JOB_ID"):
+        return None
+    path = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)
+    lean = {k: os.environ.get(k, v) for k, v in LEAN_TRAIN_ENV.items()}
+    return {"env_vars": {"PYTHONPATH": path, **lean}}
