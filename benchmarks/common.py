@@ -6,10 +6,12 @@ import datetime as dt
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -66,3 +68,21 @@ def table(head: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     fmt = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |"  # noqa: E731
     return "\n".join([fmt(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(fmt, rows)])
+
+
+class TrialTimes:
+    """Each trial's wall time (Tune start -> end), read from a sweep's progress lines: pass `echo`."""
+
+    _START = re.compile(r"^\[trial (\d+)/\d+\] \S+ started")
+    _END = re.compile(r"^\[trial (\d+)/\d+\] ")
+
+    def __init__(self) -> None:
+        self.starts: dict[int, float] = {}
+        self.walls: dict[int, float] = {}
+
+    def echo(self, line: str) -> None:
+        now = time.monotonic()
+        if m := self._START.match(line):
+            self.starts[int(m.group(1))] = now
+        elif (m := self._END.match(line)) and int(m.group(1)) in self.starts:
+            self.walls[int(m.group(1))] = now - self.starts[int(m.group(1))]

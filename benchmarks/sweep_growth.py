@@ -13,7 +13,6 @@ their ratio (goal <= 1.5).
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import sys
 import tempfile
@@ -22,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import REPO, record, summary, table
+from common import REPO, TrialTimes, record, summary, table
 
 SPEC = """\
 name: growth
@@ -36,8 +35,6 @@ telemetry: {{period_s: 0}}
 tracking: {{uri: 'sqlite:///{tmp}/mlflow.db'}}
 storage_path: {tmp}/r
 """
-_START = re.compile(r"^\[trial (\d+)/\d+\] \S+ started")
-_END = re.compile(r"^\[trial (\d+)/\d+\] ")
 
 
 def main() -> None:
@@ -51,15 +48,8 @@ def main() -> None:
     from sweeps.runner import run_sweep
     from sweeps.spec import parse_spec
 
-    starts: dict[int, float] = {}
-    walls: dict[int, float] = {}
-
-    def echo(line: str) -> None:
-        now = time.monotonic()
-        if m := _START.match(line):
-            starts[int(m.group(1))] = now
-        elif (m := _END.match(line)) and int(m.group(1)) in starts:
-            walls[int(m.group(1))] = now - starts[int(m.group(1))]
+    times = TrialTimes()
+    echo, walls = times.echo, times.walls
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(REPO), **resources.LEAN_TRAIN_ENV}})

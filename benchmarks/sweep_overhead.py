@@ -19,7 +19,6 @@ reused across trials, `sweeps.runner.REUSE_TRIAL_ACTORS`: one TorchTrainer per t
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import tempfile
 import time
@@ -28,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import REPO, record, summary, table
+from common import REPO, TrialTimes, record, summary, table
 
 SPEC = """\
 name: overhead
@@ -38,8 +37,6 @@ scaling: {{num_workers: 2, cpus_per_worker: 1, reuse_workers: {warm}}}
 tracking: {{uri: 'sqlite:///{tmp}/mlflow.db'}}
 storage_path: {tmp}/r
 """
-_START = re.compile(r"^\[trial (\d+)/\d+\] \S+ started")
-_END = re.compile(r"^\[trial (\d+)/\d+\] ")
 
 
 def one_sweep(trials: int, steps: int, warm: bool = False) -> tuple[float, list[float], list[float]]:
@@ -47,15 +44,8 @@ def one_sweep(trials: int, steps: int, warm: bool = False) -> tuple[float, list[
     from sweeps.runner import run_sweep
     from sweeps.spec import parse_spec
 
-    starts: dict[int, float] = {}
-    walls: dict[int, float] = {}
-
-    def echo(line: str) -> None:
-        now = time.monotonic()
-        if m := _START.match(line):
-            starts[int(m.group(1))] = now
-        elif (m := _END.match(line)) and int(m.group(1)) in starts:
-            walls[int(m.group(1))] = now - starts[int(m.group(1))]
+    times = TrialTimes()
+    echo, walls = times.echo, times.walls
 
     with tempfile.TemporaryDirectory() as tmp:
         text = SPEC.format(trials=trials, steps=steps, tmp=tmp, warm=str(warm).lower())

@@ -21,13 +21,18 @@ budget: {num_trials: 3, num_steps: 10}
 """
 
 
-def test_final_infeasible_and_pruned_trials(tmp_path: Path) -> None:
-    spec = parse_spec(SPEC)
+def _callback(tmp_path: Path, text: str) -> tuple[SweepCallback, SweepTracker, str, list[str]]:
+    """A live sweep callback over a real MLflow store, as `run_sweep` builds it."""
     tracker = SweepTracker(f"sqlite:///{tmp_path / 'm.db'}", "cb")
-    tracker.start_sweep("cb", "", SPEC, {})
+    tracker.start_sweep("cb", "", text, {})
     token = uuid.uuid4().hex
     lines: list[str] = []
-    cb = SweepCallback(spec, tracker, lines.append, token)
+    return SweepCallback(parse_spec(text), tracker, lines.append, token), tracker, token, lines
+
+
+def test_final_infeasible_and_pruned_trials(tmp_path: Path) -> None:
+    spec = parse_spec(SPEC)
+    cb, tracker, token, lines = _callback(tmp_path, SPEC)
     try:
         for tid, result in (
             ("ok", {"throughput/samples_per_s": 10.0, "loss/val": 1.5, "progress/steps": 10, "progress/final": 1}),
@@ -60,12 +65,7 @@ def test_final_infeasible_and_pruned_trials(tmp_path: Path) -> None:
 def test_an_objective_no_trial_reports_stops_the_sweep_listing_what_was_reported(tmp_path: Path) -> None:
     text = SPEC.replace("constraints: [{metric: loss/val, max: 2.0}]", "constraints: [{metric: eval/accuracy, min: 0.9}]")
     text = text.replace("search: {early_stopping: {grace_steps: 2}}\n", "")
-    spec = parse_spec(text)
-    tracker = SweepTracker(f"sqlite:///{tmp_path / 'm.db'}", "cb")
-    tracker.start_sweep("cb", "", text, {})
-    token = uuid.uuid4().hex
-    lines: list[str] = []
-    cb = SweepCallback(spec, tracker, lines.append, token)
+    cb, _, token, lines = _callback(tmp_path, text)
     try:
         trial = SimpleNamespace(trial_id="t1", config={"lr": 0.005})
         cb.on_trial_start(0, [], trial)

@@ -46,3 +46,18 @@ def test_a_warm_group_serves_trials_in_isolation_and_is_replaced_after_a_crash(r
     assert (same[0]["pool/trial_in_group"], same[1]["pool/trial_in_group"], same[2]["pool/trial_in_group"]) == ("1", "5", "1")
     assert "out of memory" in by_mode["oom"].reason and "hidden" in by_mode["config"].reason
     assert any("warm worker groups: 2 started for 7 trial(s); per-trial overhead" in line for line in lines), lines[-3:]
+
+
+def test_cold_mode_gives_the_same_numbers_and_classifies_the_same(ray_cluster: None, tmp_path: Path) -> None:
+    # scaling.reuse_workers: false, a new Ray Train run per trial: the same seeded trial's loss/val
+    # and the same failure kinds as in a warm group
+    text = SPEC.format(db=tmp_path / "mlflow.db", storage=tmp_path / "results")
+    text = text.replace("[same1, other, oom, config, same2, crash, same3]", "[same1, oom, same2]")
+    text = text.replace("num_trials: 7", "num_trials: 3").replace("reuse_workers: true", "reuse_workers: false")
+    lines: list[str] = []
+    outcome = run_sweep(parse_spec(text), text, echo=lines.append)
+    by_mode = {t.params["workload.mode"]: t for t in outcome.trials}
+    assert {m: t.status for m, t in by_mode.items()} == {"same1": "ok", "oom": "oom", "same2": "ok"}
+    assert by_mode["same1"].metrics["loss/val"] == pytest.approx(by_mode["same2"].metrics["loss/val"], rel=1e-6)
+    assert "pool/group" not in by_mode["same1"].metrics
+    assert any(line.startswith("one Ray Train run per trial; per-trial overhead") for line in lines)
