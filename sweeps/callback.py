@@ -59,6 +59,7 @@ class SweepCallback(tune.Callback):
         self._started: set[str] = set()  # by this driver; Tune ends each one unless it stops early
         self._ended: set[str] = set()
         self.halted = ""  # why a trial asked to halt the sweep (HALT_KINDS)
+        self.queue: Any = None  # the warm pool's queue, when the sweep has one
         for row in self.rows.values():  # a resumed sweep keeps what it learnt about memory
             if row.status == "oom":
                 record_oom(token, knobs_of(spec, row))
@@ -142,6 +143,8 @@ class SweepCallback(tune.Callback):
 
     def _finish(self, trial_id: str, status: str, reason: str) -> None:
         self._ended.add(trial_id)
+        if self.queue is not None:  # Tune ended it: a warm group still running (or queueing) it stops
+            self.queue.cancel.remote(trial_id)
         row = self.rows[trial_id]
         row.status, row.reason = status, reason
         tags = {}

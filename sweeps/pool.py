@@ -25,7 +25,7 @@ from typing import Any
 import ray
 
 from sweeps.spec import SweepSpec
-from trainables.pool_worker import CLOSED
+from trainables.contract import POOL_CLOSED as CLOSED
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +34,7 @@ logger = logging.getLogger(__name__)
 _AGREE_S = 20.0
 
 
-@ray.remote(num_cpus=0, max_concurrency=1000)  # type: ignore[call-overload]
-class TrialQueue:
+class Queue:
     """Trials waiting for a warm group, and what each trial's group reported back (threaded actor)."""
 
     def __init__(self) -> None:
@@ -46,6 +45,7 @@ class TrialQueue:
         self._serving: dict[int, str] = {}  # slot -> the trial its group took last
         self._done: dict[str, dict[int, tuple[BaseException | None, bool]]] = {}
         self._decided: dict[str, bool] = {}
+        self._where: dict[str, dict[int, str]] = {}  # where in the loop each rank's trial ended
         self._closed = False
 
     # -- the Tune trial's side ---------------------------------------------------------------
@@ -90,9 +90,10 @@ class TrialQueue:
         with self._cv:
             self._events.setdefault(trial_id, []).append(event)
             self._cv.notify_all()
-            return trial_id in self._cancelled
+            return trial_id in self._cancelled or self._closed
 
-    def rank_done(self, trial_id: str, rank: int, world: int, error: BaseException | None, clean: bool) -> bool:
+    def rank_done(self, trial_id: str, rank: int, world: int, error: BaseException | None, clean: bool,
+                  where: str = "None") -> bool:
         """A rank finished a trial; returns whether its group may serve another one. Waits (up to
         `_AGREE_S`) for the other ranks: a rank stuck in a collective never comes, so the group retires.
         A kept group's failure is posted at once; a retiring group's waits for its supervisor, whose
@@ -100,12 +101,17 @@ class TrialQueue:
         with self._cv:
             done = self._done.setdefault(trial_id, {})
             done[rank] = (error, clean)
+            self._where.setdefault(trial_id, {})[rank] = where
             self._cv.notify_all()
             # A rank that failed uncleanly retires the group at once: no need to wait for its peers
             # (they may be stuck in a collective it will never join).
             self._cv.wait_for(lambda: len(done) == world or trial_id in self._decided or not clean, _AGREE_S)
             if trial_id not in self._decided:
-                keep = len(done) == world and all(c for _, c in done.values())
+                # ...and at the same point of the loop (phase, step, micro-batch): ranks that failed at
+                # different points may have issued different collectives (queued, under NCCL), and a
+                # group with an orphaned collective would hang its next trial
+                keep = (len(done) == world and all(c for _, c in done.values())
+                        and len(set(self._where[trial_id].values())) == 1)
                 self._decided[trial_id] = keep
                 failures = {r: e for r, (e, _) in done.items() if e is not None}
                 if keep and failures:
@@ -118,6 +124,11 @@ class TrialQueue:
         unless that trial already ended with the group kept, failed with it."""
         with self._cv:
             trial_id = self._serving.pop(slot, None)
+            if trial_id is None and self._pending:
+                # the group died before it took a trial (it could not start: a broken environment, a
+                # bad GPU, a full disk): charge the next waiting trial, so the sweep sees the failure
+                # (and its breaker stops a sweep whose groups can never start) instead of waiting
+                trial_id = self._pending.popleft()[0]
             if trial_id is None or self._decided.get(trial_id) is True:
                 return
             self._decided[trial_id] = False
@@ -135,6 +146,10 @@ class TrialQueue:
 
     def is_closed(self) -> bool:
         return self._closed
+
+
+# A threaded actor: trials wait in events(), groups in take() and rank_done(), all at once.
+TrialQueue = ray.remote(num_cpus=0, max_concurrency=1000)(Queue)  # type: ignore[call-overload]
 
 
 @ray.remote(num_cpus=0)

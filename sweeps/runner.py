@@ -112,6 +112,7 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
             run_config=tune.RunConfig(name=spec.name, storage_path=str(exp_dir.parent), callbacks=[callback], verbose=0,
                                       stop=BreakerStopper(token)),
         )
+    callback.queue = pool.queue if pool is not None else None
     ok = False
     try:
         if pool is not None and spec.search.probe_batch_size:  # before the search: bounds what it proposes

@@ -194,7 +194,10 @@ class SpaceSpec(BaseModel):
         own = dict(own)
         for key, value in data.items():
             if str(key).startswith(PARAMS_PREFIX):
-                own[str(key)[len(PARAMS_PREFIX):]] = value
+                name = str(key)[len(PARAMS_PREFIX):]
+                if name in own:
+                    raise ValueError(f"params.{name} is given twice (as params.{name} and under params:); keep one")
+                own[name] = value
         if own:
             out["params"] = {k: _wrap_fixed(v) for k, v in own.items()}
         return out

@@ -158,3 +158,8 @@ def test_each_piece_done_wrong_is_a_config_failure_naming_the_fix(mode: str, tmp
     with pytest.raises(WorkloadError, match=BAD[mode]) as info:
         train(_cfg("tests.user_pieces:bad", {"mode": mode}, data_dir=str(tmp_path)), ListReporter(), CPU)
     assert classify(info.value)[0] == "config"
+
+
+def test_a_declared_unit_the_workload_does_not_count_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(WorkloadError, match=r"declares UNIT = 'tokens' but its Workload counts 'samples': pass unit='tokens'"):
+        registry.build("tests.unit_mismatch:build_samples", {}, BuildContext(str(tmp_path), 0))

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LR_SCHEDULES: tuple[str, ...] = ("constant", "cosine")
+POOL_CLOSED = "closed"  # what a warm pool's queue hands a group when the sweep is over
 EVAL_PREFIX = "eval/"  # a workload's eval_fn metrics: eval/<name>
 
 # Precision vocabulary (Lightning-style names). "32" is strict fp32 with TF32 off.

@@ -134,6 +134,7 @@ def _validate(
     model.eval()
     total = torch.zeros((), dtype=torch.float64, device=device)
     extra: dict[str, torch.Tensor] = {}
+    extra_items: dict[str, int] = {}
     count_sum = 0
     channels_last = device.type == "cuda" and wl.channels_last
     for batch in loader:
@@ -142,12 +143,13 @@ def _validate(
         with prec.autocast():
             total += loss_of(step(model, moved), training=False).double() * n
             values = checked_eval(wl.eval_fn(model, moved)) if wl.eval_fn is not None else {}
-        if extra and set(values) != set(extra):
+        if wl.eval_fn is not None and count_sum and set(values) != set(extra):
             raise WorkloadError(f"eval_fn returned {sorted(values)} for one batch and {sorted(extra)} for another: "
                                 "return the same names for every batch")
         for name, value in values.items():
             v = value.detach().double().reshape(()) if isinstance(value, torch.Tensor) else float(value)
             extra[name] = extra.get(name, torch.zeros((), dtype=torch.float64, device=device)) + v * n
+            extra_items[name] = extra_items.get(name, 0) + n  # each name's own weight
         count_sum += n
     model.train()
     names = sorted(extra)
@@ -155,12 +157,14 @@ def _validate(
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, names)
         names = sorted({n for g in gathered for n in g})
-    sums = _all_reduce([total.item(), float(count_sum),
-                        *[extra[n].item() if n in extra else 0.0 for n in names]], device)
+    sums = _all_reduce([total.item(), float(count_sum), *[extra[n].item() if n in extra else 0.0 for n in names],
+                        *[float(extra_items.get(n, 0)) for n in names]], device)
     if sums[1] == 0:
         raise WorkloadError("the validation set gave no batches on any rank: give a non-empty val_dataset")
     out = {contract.LOSS_VAL: sums[0] / sums[1]}
-    out.update({f"{contract.EVAL_PREFIX}{n}": v / sums[1] for n, v in zip(names, sums[2:], strict=True)})
+    k = len(names)
+    out.update({f"{contract.EVAL_PREFIX}{n}": v / w for n, v, w in zip(names, sums[2:2 + k], sums[2 + k:], strict=True)
+                if w > 0})
     return out
 
 
@@ -207,17 +211,19 @@ def _save_state(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, 
                path / CHECKPOINT_FILE)
 
 
-def _load_state(path: str, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any, scheduler: Any,
-                device: torch.device) -> int:
-    """Restore a checkpoint this loop wrote; tensors only (`weights_only`): nothing is unpickled."""
-    state = torch.load(Path(path) / CHECKPOINT_FILE, map_location=device, weights_only=True)
+def _read_state(path: str, device: torch.device) -> dict[str, Any]:
+    """A checkpoint this loop wrote; tensors only (`weights_only`): nothing is unpickled."""
+    return torch.load(Path(path) / CHECKPOINT_FILE, map_location=device, weights_only=True)  # type: ignore[no-any-return]
+
+
+def _apply_state(state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any,
+                 scheduler: Any) -> None:
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     if scaler is not None and state["scaler"]:
         scaler.load_state_dict(state["scaler"])
     if scheduler is not None and state.get("scheduler"):
         scheduler.load_state_dict(state["scheduler"])
-    return int(state["measured_steps"])
 
 
 def _all_ranks_fit(oom: bool, cfg: TrialConfig, device: torch.device) -> None:
@@ -262,10 +268,27 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dic
     """Train `cfg.num_warmup_steps + cfg.num_steps` steps and return the final report.
 
     `facts` (strings, e.g. the launcher's node id) join rank 0's device facts in the final report.
-    With `cfg.checkpoint_every_steps`, every that many measured steps rank 0 saves model, optimizer
-    and scaler state and hands it to the reporter with that report; `resume_from` (a directory
-    holding such a checkpoint) continues from it: warm-up runs again (fresh process, cold caches),
-    then only the measured steps still missing, and throughput is measured over those alone."""
+    With `cfg.checkpoint_every_steps`, every that many measured steps rank 0 saves model, optimizer,
+    scaler and schedule state and hands it to the reporter with that report; `resume_from` (a
+    directory holding such a checkpoint) continues from it: warm-up runs again (fresh process, cold
+    caches) and is then undone by restoring the checkpoint, then only the measured steps still
+    missing run, and throughput is measured over those alone.
+
+    An exception leaving the loop carries `sweeps_where`: the phase, step and micro-batch it was
+    raised at, so a warm group can tell whether all its ranks stopped at the same collective."""
+    where: list[Any] = ["setup"]
+    try:
+        return _train(cfg, reporter, device, facts, resume_from, where)
+    except BaseException as exc:
+        try:
+            exc.sweeps_where = tuple(where)  # type: ignore[attr-defined]
+        except AttributeError:  # an exception type without a __dict__: treated as "unknown"
+            pass
+        raise
+
+
+def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dict[str, str] | None,
+           resume_from: str | None, where: list[Any]) -> dict[str, Any]:
     loop_t0 = time.perf_counter()
     rank, world = _world()
     torch.set_num_threads(cfg.threads_per_worker)
@@ -291,7 +314,10 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dic
     optimizer = _make_optimizer(wl, model, cfg, device)
     scheduler = _make_schedule(optimizer, cfg)
     scaler = prec.make_scaler()
-    done_before = _load_state(resume_from, model, optimizer, scaler, scheduler, device) if resume_from else 0
+    # Read now (the steps still to run), applied when warm-up ends: warm-up's updates are undone
+    # and the schedule continues where the checkpoint left it.
+    state = _read_state(resume_from, device) if resume_from else None
+    done_before = int(state["measured_steps"]) if state is not None else 0
     pin = cfg.pin_memory and device.type == "cuda"
     if cfg.pin_memory and not pin and rank == 0:
         warnings.warn("pin_memory=True has no effect without CUDA; running unpinned", stacklevel=2)
@@ -351,6 +377,9 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dic
     try:
         for step in range(cfg.num_warmup_steps + cfg.num_steps - done_before):
             if step == cfg.num_warmup_steps:
+                if state is not None:  # resumed: undo warm-up's updates, continue from the checkpoint
+                    _apply_state(state, model, optimizer, scaler, scheduler)
+                    state = None
                 if step >= 2:  # warm-up long enough to time: report about every report_interval_s
                     (warm_step_s,) = _all_reduce([(timer.now(sync=True) - warm_t0) / (step - 1)], device, op="max")
                     report_every = max(1, int(cfg.report_interval_s / max(warm_step_s, 1e-9)))
@@ -360,41 +389,48 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dic
             elif step == 1:
                 warm_t0 = timer.now(sync=True)  # step 0 (allocations, loader start-up) is not representative
             oom = False
-            for micro in range(accum):
-                with timer.data_wait():
-                    batch = next(batches)
-                n = checked_count(count, batch)
-                with telemetry.h2d_copy(timer.measuring) if telemetry is not None else contextlib.nullcontext():
-                    moved = move_to_device(batch, device, pin, channels_last)
-                # DDP all-reduces gradients on the last micro-batch only; never in a memory probe,
-                # where a rank that runs out of memory must not leave its peers in that all-reduce
-                sync = micro == accum - 1 and not cfg.probe
-                with ddp.no_sync() if ddp is not None and not sync else contextlib.nullcontext():
-                    try:
+            try:
+                for micro in range(accum):
+                    where[:] = ["step", step, micro]
+                    with timer.data_wait():
+                        batch = next(batches)
+                    n = checked_count(count, batch)
+                    with telemetry.h2d_copy(timer.measuring) if telemetry is not None else contextlib.nullcontext():
+                        moved = move_to_device(batch, device, pin, channels_last)
+                    # DDP all-reduces gradients on the last micro-batch only; never in a memory probe,
+                    # where a rank that runs out of memory must not leave its peers in that all-reduce
+                    sync = micro == accum - 1 and not cfg.probe
+                    with ddp.no_sync() if ddp is not None and not sync else contextlib.nullcontext():
                         with prec.autocast():
                             loss = loss_of(step_fn(ddp_model, moved), training=True)
                         scaled = loss / accum if accum > 1 else loss
                         (scaler.scale(scaled) if scaler is not None else scaled).backward()
-                    except torch.OutOfMemoryError:
-                        if not cfg.probe:
-                            raise
-                        oom = True
-                        break
-                if timer.measuring:
-                    items += n
-                    loss_sum += loss.detach().float() / accum
+                    if timer.measuring:
+                        items += n
+                        loss_sum += loss.detach().float() / accum
+                where[:] = ["optimizer", step]
+                if scaler is not None:
+                    if cfg.max_grad_norm > 0 or cfg.probe:
+                        scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+                    if cfg.max_grad_norm > 0:
+                        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                    if cfg.probe:  # a probe must allocate the optimizer's state even when the scaler would skip
+                        optimizer.step()
+                    else:
+                        scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    if cfg.max_grad_norm > 0:
+                        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                    optimizer.step()
+            except torch.OutOfMemoryError:
+                if not cfg.probe:
+                    raise
+                oom = True
+                optimizer.zero_grad(set_to_none=True)
             if cfg.probe:
+                where[:] = ["probe-agree", step]
                 _all_ranks_fit(oom, cfg, device)
-            if scaler is not None:
-                if cfg.max_grad_norm > 0:
-                    scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                if cfg.max_grad_norm > 0:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                optimizer.step()
             if scheduler is not None:
                 scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -403,6 +439,7 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dic
                 timer.step_done()
                 total = done_before + timer.steps
                 every = cfg.checkpoint_every_steps
+                where[:] = ["report", step]
                 if every and total % every == 0 and total < cfg.num_steps:  # same decision on every rank
                     with tempfile.TemporaryDirectory(prefix="ckpt-") as tmp:
                         if rank == 0:
@@ -410,16 +447,19 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dic
                         reporter.report(window_metrics(), checkpoint_dir=tmp if rank == 0 else None)
                 elif timer.steps % report_every == 0 and total < cfg.num_steps:
                     reporter.report(window_metrics())
+        where[:] = ["final"]
+        final = window_metrics(final=True)
     except BaseException:  # stop loader workers now: a kept traceback would keep them registered
         _close_loader(loader, batches)
         if telemetry is not None:  # and the sampler thread (a warm worker goes on to the next trial)
             telemetry.stop()
         raise
-
-    final = window_metrics(final=True)
     _close_loader(loader, batches)  # after the last telemetry sample, which counts loader CPU
+    where[:] = ["validate"]
     if not cfg.probe:  # a memory probe only asks whether the training step fits
-        final.update(_validate(ddp_model, wl, cfg, prec, device, pin, step_fn, count))
+        # the unwrapped model: DDP's forward may broadcast buffers (BatchNorm), and ranks whose
+        # validation shards differ in batches would then pair mismatched collectives
+        final.update(_validate(model, wl, cfg, prec, device, pin, step_fn, count))
         if not math.isfinite(final[contract.LOSS_VAL]):
             raise DivergedError(f"validation loss is {final[contract.LOSS_VAL]}")
     peak, gpu_facts = _gpu_layout(device, cfg.precision, world)

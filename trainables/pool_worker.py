@@ -23,13 +23,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trainables.contract import POOL_CLOSED as CLOSED
 from trainables.contract import TrialConfig
 from trainables.errors import DivergedError, UnsupportedError, WorkloadError
 from trainables.reporting import keep_checkpoint
 
 logger = logging.getLogger(__name__)
 
-CLOSED = "closed"  # what the queue hands out when the sweep is over
 # Failures that leave every process healthy when *every* rank raised one (nothing is stuck in a
 # collective): the group cleans up and serves the next trial.
 _CLEAN = (WorkloadError, UnsupportedError, DivergedError, torch.OutOfMemoryError, MemoryError)
@@ -86,17 +86,18 @@ class QueueReporter:
 
 
 def _next_item(queue: Any, slot: int, rank: int, world: int, device: torch.device) -> Any:
+    """The next trial (or CLOSED). Every rank loops together, one short wait at a time: an idle
+    group never sits in one collective for longer than the process-group timeout."""
     import ray
 
-    item: Any = None
-    if rank == 0:
-        while item is None:
-            item = ray.get(queue.take.remote(slot, 2.0))
-    if world > 1:
-        box = [item]
-        dist.broadcast_object_list(box, src=0, device=device if device.type == "cuda" else None)
-        item = box[0]
-    return item
+    while True:
+        item = ray.get(queue.take.remote(slot, 2.0)) if rank == 0 else None
+        if world > 1:
+            box = [item]
+            dist.broadcast_object_list(box, src=0, device=device if device.type == "cuda" else None)
+            item = box[0]
+        if item is not None:
+            return item
 
 
 def pool_worker(config: dict[str, Any]) -> None:
@@ -130,10 +131,14 @@ def pool_worker(config: dict[str, Any]) -> None:
             train(cfg, reporter, device, facts=facts, resume_from=resume_from)
         except BaseException as exc:  # noqa: BLE001 - every way a trial ends goes to the queue
             error = exc
-        keep = ray.get(queue.rank_done.remote(trial_id, rank, world, _portable(error), clean_failure(error)))
+        where = getattr(error, "sweeps_where", None) if error is not None else None
+        keep = ray.get(queue.rank_done.remote(trial_id, rank, world, _portable(error), clean_failure(error),
+                                              str(where)))
+        failed = type(error).__name__ if error is not None else "finished"
+        error = None  # the traceback holds the trial's model, optimizer and loaders: free them before the next
         if not keep:
-            raise RetireGroup(f"trial {trial_id} left this group unhealthy (rank {rank}: "
-                              f"{type(error).__name__ if error else 'finished'}); a fresh group takes the next trial")
+            raise RetireGroup(f"trial {trial_id} left this group unhealthy (rank {rank}: {failed}); a fresh "
+                              "group takes the next trial")
         logger.debug("rank %d: trial %s done in group %s (pid %d)", rank, trial_id, group, os.getpid())
 
 

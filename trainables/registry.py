@@ -184,4 +184,8 @@ def build(name: str, params: dict[str, Any], ctx: BuildContext) -> Workload:
             "trainables.Workload(model=..., train_dataset=..., val_dataset=..., loss_fn=... or step_fn=...)"
         )
     workload.check(name)
+    declared = REGISTERED[name].unit if name in REGISTERED else getattr(sys.modules[name.split(":")[0]], "UNIT", None)
+    if declared is not None and workload.unit != declared:
+        raise WorkloadError(f"trainable {name!r} declares UNIT = {declared!r} but its Workload counts {workload.unit!r}: "
+                            f"pass unit={declared!r} to Workload (the sweep's objective is throughput/{declared}_per_s)")
     return workload
