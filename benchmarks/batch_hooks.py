@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 import torch
-from common import record, run_loop, summary, table
+from common import REPO, record, run_loop, summary, table
 
 from trainables.batches import checked_count, default_counter, move_to_device
 from trainables.contract import TrialConfig
@@ -33,7 +33,7 @@ PARAMS = {"image_size": 32, "num_train_images": 1024, "num_val_images": 64, "wid
 BATCH = 32
 ARGS = ["--workload", "image-cnn", "--params", '{"image_size": 32, "num_train_images": 1024, "num_val_images": 64, '
         '"width": 16, "depth": 1}', "--batch-size", str(BATCH), "--num-steps", "40", "--num-warmup-steps", "5",
-        "--threads-per-worker", "1", "--telemetry-period-s", "0", "--data-dir", ".cache/datasets"]
+        "--threads-per-worker", "1", "--telemetry-period-s", "0", "--data-dir", str(REPO / ".cache" / "datasets")]
 REPEATS = 2000  # calls per timing: the hooks take microseconds
 
 
@@ -50,7 +50,7 @@ def main() -> int:
     a = ap.parse_args()
     torch.set_num_threads(1)
     device = torch.device("cpu")
-    wl = build("image-cnn", PARAMS, BuildContext(".cache/datasets", 0))
+    wl = build("image-cnn", PARAMS, BuildContext(str(REPO / ".cache" / "datasets"), 0))
     cfg = TrialConfig(workload="image-cnn", workload_params=PARAMS, batch_size=BATCH, precision="32", lr=1e-3, num_steps=1)
     loader, _ = _make_loader(wl, cfg, pin=False, train=True, rank=0, world=1)
     batches = [b for _, b in zip(range(8), loader, strict=False)]  # real decoded batches

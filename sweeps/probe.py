@@ -16,14 +16,11 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import ray
-
 from sweeps.failures import classify
 from sweeps.search import record_oom
 from sweeps.space import resolve_trial
 from sweeps.spec import CategoricalParam, FixedParam, FloatParam, IntParam, Param, SweepSpec
-from sweeps.trial import WarmFailure
-from trainables.contract import FINAL
+from sweeps.trial import WarmFailure, warm_reports
 
 _PROBE_STEPS = 2
 
@@ -56,18 +53,14 @@ def _try(queue: Any, spec: SweepSpec, knobs: dict[str, Any]) -> tuple[str, str]:
                               telemetry_period_s=0.0, report_interval_s=1e9, checkpoint_every_steps=0)
     trial_id = f"probe-{uuid.uuid4().hex[:8]}"
     with tempfile.TemporaryDirectory(prefix="probe-") as tmp:
-        ray.get(queue.submit.remote(trial_id, cfg.to_dict(), None, tmp))
-        seen = 0
-        while True:
-            events = ray.get(queue.events.remote(trial_id, seen, 5.0))
-            if events is None:
-                return "error", "the warm worker pool closed"
-            for event in events:
-                seen += 1
-                if "failed" in event:
-                    return classify(WarmFailure(event["failed"], None))
-                if event["metrics"].get(FINAL) == 1:
-                    return "fits", ""
+        try:
+            for _ in warm_reports(queue, trial_id, cfg, tmp, None):
+                pass
+        except WarmFailure as failure:
+            return classify(failure)
+        except RuntimeError as exc:  # the pool closed
+            return "error", str(exc)
+    return "fits", ""
 
 
 def probe_frontier(spec: SweepSpec, queue: Any, token: str, echo: Callable[[str], None]) -> dict[str, str]:

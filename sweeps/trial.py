@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,28 +82,37 @@ class WarmFailure(Exception):
         self.checkpoint = checkpoint
 
 
-def _run_warm(pool: Any, trial_id: str, cfg: TrialConfig, checkpoint_dir: Path, resume_from: str | None) -> None:
-    """Hand the trial to a warm group and pass its reports to Tune until the final one."""
+def warm_reports(pool: Any, trial_id: str, cfg: TrialConfig, checkpoint_dir: str,
+                 resume_from: str | None) -> Iterator[dict[str, Any]]:
+    """Hand a trial to a warm group and yield its reports until the final one; a failure raises
+    `WarmFailure` (with the last checkpoint the trial kept), a closed pool `RuntimeError`."""
     import ray
 
-    ray.get(pool.submit.remote(trial_id, cfg.to_dict(), resume_from, str(checkpoint_dir)))
-    seen, checkpoint, finished = 0, resume_from, False
+    ray.get(pool.submit.remote(trial_id, cfg.to_dict(), resume_from, checkpoint_dir))
+    seen, checkpoint = 0, resume_from
+    while True:
+        events = ray.get(pool.events.remote(trial_id, seen, 5.0))
+        if events is None:
+            raise RuntimeError("the sweep's warm worker pool closed before this trial ended")
+        for event in events:
+            seen += 1
+            if "failed" in event:
+                raise WarmFailure(event["failed"], checkpoint)
+            checkpoint = event.get("checkpoint", checkpoint)
+            yield event["metrics"]
+            if event["metrics"].get(FINAL) == 1:
+                return
+
+
+def _run_warm(pool: Any, trial_id: str, cfg: TrialConfig, checkpoint_dir: Path, resume_from: str | None) -> None:
+    """Pass a warm group's reports for the trial to Tune until the final one."""
+    import ray
+
+    finished = False
     try:
-        while True:
-            events = ray.get(pool.events.remote(trial_id, seen, 5.0))
-            if events is None:
-                raise RuntimeError("the sweep's warm worker pool closed before this trial ended")
-            for event in events:
-                seen += 1
-                if "failed" in event:
-                    if not event["failed"]:  # every rank finished, one too late to say so: the result stands
-                        return
-                    raise WarmFailure(event["failed"], checkpoint)
-                checkpoint = event.get("checkpoint", checkpoint)
-                tune.report(event["metrics"])
-                if event["metrics"].get(FINAL) == 1:
-                    finished = True
-                    return
+        for metrics in warm_reports(pool, trial_id, cfg, str(checkpoint_dir), resume_from):
+            tune.report(metrics)
+            finished = metrics.get(FINAL) == 1
     finally:
         if not finished:  # Tune stopped this trial (or it failed): its group stops at its next report
             ray.get(pool.cancel.remote(trial_id))
