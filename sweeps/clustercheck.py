@@ -1,6 +1,8 @@
 """`sweeps cluster-check FILE`: validate a Ray cluster-launcher YAML offline and flag exposures.
 
-Checks, each a finding with the fix:
+Kubernetes manifests (KubeRay `RayCluster`/`RayJob`, MLflow's Deployment and Service) have their own
+checks in `sweeps.clustercheck_k8s`; `check_file` tells the two apart. Launcher checks, each a finding
+with the fix:
 - schema: the file must validate against Ray's own `ray/autoscaler/ray-schema.json`;
 - dashboard: no `--dashboard-host` other than loopback (reach it with `ray dashboard` / SSH);
 - token auth: every `ray start` runs with `RAY_AUTH_MODE=token`, none with it disabled;
@@ -27,9 +29,12 @@ _PROJECT = "gpu-sweeps"
 class Finding:
     check: str
     message: str
+    path: str = ""  # the field, e.g. spec.workerGroupSpecs[0].rayStartParams.num-gpus
+    doc: str = ""  # the document of a multi-document manifest, e.g. RayJob/gpu-sweep
 
     def __str__(self) -> str:
-        return f"[{self.check}] {self.message}"
+        where = " ".join(p for p in (self.doc, self.path) if p)
+        return f"[{self.check}] {where + ': ' if where else ''}{self.message}"
 
 
 def _commands(config: dict[str, Any]) -> list[str]:
@@ -92,8 +97,16 @@ def check_config(config: Any) -> list[Finding]:
 
 
 def check_file(path: str | Path) -> list[Finding]:
+    """Every finding for a cluster-launcher YAML or a Kubernetes manifest (one or more documents)."""
+    from sweeps.clustercheck_k8s import check_manifests, is_manifest
+
     try:
-        config = yaml.safe_load(Path(path).read_text())
+        docs = list(yaml.safe_load_all(Path(path).read_text()))
     except (OSError, yaml.YAMLError) as exc:
         return [Finding("schema", f"cannot read {path}: {exc}")]
-    return check_config(config)
+    if is_manifest(docs):
+        return check_manifests(docs)
+    if len(docs) > 1:
+        return [Finding("schema", f"{path} holds {len(docs)} YAML documents; a cluster-launcher config is one, "
+                        "and Kubernetes documents each need apiVersion and kind")]
+    return check_config(docs[0] if docs else None)
