@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sweeps.spec import SweepSpec
-from trainables.contract import FINAL, STEPS
+from trainables.contract import EVALS, FINAL, STEPS, TARGET_BEST, TIME_TO_TARGET_S
 
 MEASURED = ("ok", "infeasible")  # ran to its final report: its figures are real (infeasible breaks a constraint)
 NOT_FAILED = (*MEASURED, "pruned", "stopped")  # ended early on purpose; nothing went wrong
@@ -23,6 +23,7 @@ class TrialRow:
     reason: str = ""
     verdict: str = ""  # "name: one-line reason" for finished trials
     metrics: dict[str, Any] = field(default_factory=dict)
+    degraded: str = ""  # why its quality is worse than the fp32 reference's at equal data ("" when fine)
 
 
 def end_status(spec: SweepSpec, metrics: dict[str, Any], tripped: str, out_of_time: bool) -> tuple[str, str, list[str]]:
@@ -34,6 +35,11 @@ def end_status(spec: SweepSpec, metrics: dict[str, Any], tripped: str, out_of_ti
     obj = spec.objective
     if metrics.get(FINAL) == 1:
         missing = [m for m in (*obj.metrics, *(c.metric for c in obj.constraints)) if m not in metrics]
+        if obj.target is not None and TIME_TO_TARGET_S in missing:  # ran its whole budget short of the target
+            best = metrics.get(TARGET_BEST)
+            return "infeasible", (f"did not reach {obj.target} within the budget (best {obj.target.metric}="
+                                  f"{best:.4g} in {metrics.get(EVALS, 0)} evaluations)" if best is not None else
+                                  f"did not reach {obj.target} within the budget"), []
         if missing:
             return "config", "", missing
         broken = [f"{c.metric}={metrics.get(c.metric)} breaks {c}" for c in obj.constraints
@@ -74,7 +80,8 @@ class SweepOutcome:
         """Finished, feasible trials, best first by the (first) objective; failed ones never rank."""
         metric, sign = self.spec.objective.primary, (-1 if self.spec.objective.primary_mode == "max" else 1)
         ok = [t for t in self.trials if t.status == "ok" and isinstance(t.metrics.get(metric), (int, float))]
-        return sorted(ok, key=lambda t: sign * float(t.metrics[metric]))
+        # a degraded trial (worse quality than the fp32 reference at equal data) is never ranked best
+        return sorted(ok, key=lambda t: (bool(t.degraded), sign * float(t.metrics[metric])))
 
     def pareto(self) -> list[TrialRow]:
         """Finished, feasible trials no other such trial beats on every objective, by the first."""

@@ -27,8 +27,8 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 from ray.tune.search import Searcher
 
 from sweeps.space import optuna_space
-from sweeps.spec import PARAMS_PREFIX, ConstraintSpec, SweepSpec
-from trainables.contract import FINAL, STEPS
+from sweeps.spec import PARAMS_PREFIX, ConstraintSpec, SweepSpec, TargetSpec
+from trainables.contract import FINAL, STEPS, TIME_TO_TARGET_S
 
 logger = logging.getLogger(__name__)
 
@@ -146,6 +146,11 @@ class SweepSearch(Searcher):
         result = result or {}
         raw = [result.get(m) for m in self._metrics]
         finished = result.get(FINAL) == 1  # else stopped early (ASHA, time budget, breaker)
+        if finished and TIME_TO_TARGET_S in self._metrics and TIME_TO_TARGET_S not in result:
+            # ran its whole budget without reaching the target: infeasible by the target's gap
+            self._tell_infeasible(ot_trial, {str(c): max(c.violation(result.get(c.metric)), 1e-12)
+                                             for c in self._constraints if isinstance(c, TargetSpec)})
+            return
         if any(not isinstance(v, (int, float)) for v in raw) or not finished:
             self._study.tell(ot_trial, state=optuna.trial.TrialState.PRUNED)  # stopped early
             return
@@ -211,7 +216,8 @@ def make_searcher(spec: SweepSpec, token: str) -> SweepSearch | None:
         sampler=sampler,  # seeded
         token=token,
         fixed=spec.space.fixed(),
-        constraints=obj.constraints,
+        # a target is a constraint too: a trial that misses it is infeasible, by how far it stayed
+        constraints=[*obj.constraints, *([obj.target] if obj.target is not None else [])],
         grid=spec.space.grid_points() if spec.search.algorithm == "grid" else None,
     )
 
@@ -226,7 +232,7 @@ def make_scheduler(spec: SweepSpec) -> TrialScheduler:
         time_attr=STEPS,
         metric=spec.objective.primary,
         mode=spec.objective.primary_mode,
-        max_t=spec.budget.num_steps,
+        max_t=spec.budget.num_steps or 1,  # the spec allows ASHA with num_steps only
         grace_period=es.grace_steps,
         reduction_factor=es.reduction_factor,
     )

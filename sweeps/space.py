@@ -6,6 +6,7 @@ so what is logged is exactly what ran.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from sweeps.spec import KNOBS, PARAMS_PREFIX, CategoricalParam, FloatParam, IntParam, Param, SweepSpec
@@ -35,23 +36,36 @@ def resolve_trial(spec: SweepSpec, sampled: dict[str, Any], metrics_path: str | 
     """The complete configuration one trial runs with."""
     knobs = {k: v[0] for k, v in KNOBS.items()} | spec.space.fixed() | sampled
     own = {k[len(PARAMS_PREFIX):]: v for k, v in knobs.items() if k.startswith(PARAMS_PREFIX)}
+    batch, accum = int(knobs["batch_size"]), int(knobs["grad_accum_steps"])
+    global_batch = batch * accum * spec.scaling.num_workers
+    lr = float(knobs["lr"]) * (spec.lr_scaling.factor(global_batch) if spec.lr_scaling is not None else 1.0)
+    b, target = spec.budget, spec.objective.target
+    if b.num_steps is not None:
+        num_steps = b.num_steps
+    else:  # equal data: the loop plans from its warm-up's items per step; this is exact for samples
+        num_steps = max(1, math.ceil(b.num_items / global_batch) - b.num_warmup_steps) if b.num_samples else 1
     return TrialConfig(
         workload=spec.trainable.name,
         workload_params={**spec.trainable.params, **own},
-        batch_size=int(knobs["batch_size"]),
+        batch_size=batch,
         precision=str(knobs["precision"]),
-        lr=float(knobs["lr"]),
+        lr=lr,
+        num_items=b.num_items,
+        eval_every_steps=b.eval_every_steps or 0,
+        target_metric=target.metric if target is not None else None,
+        target_max=target.max if target is not None else None,
+        target_min=target.min if target is not None else None,
         num_dataloader_workers=int(knobs["num_dataloader_workers"]),
         pin_memory=bool(knobs["pin_memory"]),
         prefetch_factor=int(knobs["prefetch_factor"]),
         persistent_workers=bool(knobs["persistent_workers"]),
         compile=bool(knobs["compile"]),
-        grad_accum_steps=int(knobs["grad_accum_steps"]),
+        grad_accum_steps=accum,
         max_grad_norm=float(knobs["max_grad_norm"]),
         lr_warmup_steps=int(knobs["lr_warmup_steps"]),
         lr_schedule=str(knobs["lr_schedule"]),
         tf32_under_autocast=bool(knobs["tf32_under_autocast"]),
-        num_steps=spec.budget.num_steps,
+        num_steps=num_steps,
         num_warmup_steps=spec.budget.num_warmup_steps,
         report_interval_s=spec.budget.report_interval_s,
         loader_timeout_s=spec.budget.loader_timeout_s,
@@ -73,7 +87,9 @@ def trial_params(spec: SweepSpec, cfg: TrialConfig) -> dict[str, Any]:
         # samples per optimizer step: per-worker batch x accumulation x workers
         "global_batch_size": cfg.batch_size * cfg.grad_accum_steps * spec.scaling.num_workers,
         "precision": cfg.precision,
-        "lr": cfg.lr,
+        "lr": cfg.lr if spec.lr_scaling is None else cfg.lr / spec.lr_scaling.factor(
+            cfg.batch_size * cfg.grad_accum_steps * spec.scaling.num_workers),  # the searched rate
+        "lr_effective": cfg.lr,  # what the optimizer ran with (lr_scaling applied)
         "num_dataloader_workers": cfg.num_dataloader_workers,
         "pin_memory": cfg.pin_memory,
         "prefetch_factor": cfg.prefetch_factor,
@@ -91,9 +107,16 @@ def trial_params(spec: SweepSpec, cfg: TrialConfig) -> dict[str, Any]:
         "gpus_per_worker": spec.scaling.gpus_per_worker,
         "use_gpu": cfg.use_gpu,
         "workload": cfg.workload,
-        "num_steps": cfg.num_steps,
+        "num_steps": cfg.num_steps if not cfg.num_items else None,  # an item budget's steps are in the metrics
         "num_warmup_steps": cfg.num_warmup_steps,
         "seed": cfg.seed,
     }
+    if spec.budget.item_unit is not None:
+        params[f"num_{spec.budget.item_unit}"] = cfg.num_items
+    if spec.lr_scaling is not None:
+        params["lr_scaling"] = f"{spec.lr_scaling.rule}@{spec.lr_scaling.reference_batch_size}"
+    if cfg.eval_every_steps:
+        params["eval_every_steps"] = cfg.eval_every_steps
     params.update({f"workload.{k}": v for k, v in cfg.workload_params.items()})
+    params = {k: v for k, v in params.items() if v is not None}
     return params

@@ -22,6 +22,8 @@ from trainables.contract import (
     KNOWN_METRICS,
     LR_SCHEDULES,
     PRECISIONS,
+    SWEEP_LEVEL_METRICS,
+    TIME_TO_TARGET_S,
     is_final_only,
     is_known_metric,
     throughput_key,
@@ -323,6 +325,16 @@ class ConstraintSpec(BaseModel):
         return " ".join(p for p in parts if p)
 
 
+class TargetSpec(ConstraintSpec):
+    """The quality a time-to-target trial must reach (e.g. `loss/val` <= 3.2); one bound only."""
+
+    @model_validator(mode="after")
+    def _one_bound(self) -> TargetSpec:
+        if self.max is not None and self.min is not None:
+            raise ValueError("a target is one bound: max (reach at most, e.g. a loss) or min (at least, e.g. accuracy)")
+        return self
+
+
 class ObjectiveSpec(BaseModel):
     """One metric and mode, or lists of them (multi-objective: the result is a Pareto front)."""
 
@@ -330,6 +342,16 @@ class ObjectiveSpec(BaseModel):
     metric: str | list[str] = "throughput/samples_per_s"
     mode: Mode | list[Mode] = "max"
     constraints: list[ConstraintSpec] = Field(default_factory=list)
+    target: TargetSpec | None = Field(default=None, description="time to quality: every trial evaluates every "
+                                      "budget.eval_every_steps and stops when this is met; objective time/to_target_s")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ttt_mode(cls, data: Any) -> Any:
+        """time/to_target_s is minimised: fill the mode in when it is the only metric and no mode is given."""
+        if isinstance(data, dict) and data.get("metric") == TIME_TO_TARGET_S and "mode" not in data:
+            return {**data, "mode": "min"}
+        return data
 
     @field_validator("metric", mode="before")
     @classmethod
@@ -340,6 +362,9 @@ class ObjectiveSpec(BaseModel):
             if not isinstance(m, str):
                 raise ValueError("a metric name, or a list of them (multi-objective)")
             _known_metric(m)
+            if m in SWEEP_LEVEL_METRICS:
+                raise ValueError(f"{m} is computed by the sweep after its trials end, so trials cannot be ranked "
+                                 f"by it while the search runs; rank by {TIME_TO_TARGET_S} (measured) instead")
         return metric
 
     @field_validator("mode", mode="before")
@@ -357,6 +382,11 @@ class ObjectiveSpec(BaseModel):
             raise ValueError(f"give one mode per metric: {len(self.metrics)} metric(s) need a list of "
                              f"{len(self.metrics)} mode(s), e.g. mode: {['max'] * len(self.metrics)}"
                              if isinstance(self.metric, list) else "one metric takes one mode (max or min), not a list")
+        if TIME_TO_TARGET_S in self.metrics and self.target is None:
+            raise ValueError(f"{TIME_TO_TARGET_S} needs a target: add target: {{metric: loss/val, max: <value>}}")
+        for metric, mode in zip(self.metrics, self.modes, strict=True):
+            if metric == TIME_TO_TARGET_S and mode != "min":
+                raise ValueError(f"{TIME_TO_TARGET_S} is a time: mode must be min")
         return self
 
     @property
@@ -412,7 +442,13 @@ class BudgetSpec(BaseModel):
     model_config = _STRICT
     num_trials: int = Field(ge=1, le=10_000)
     max_concurrent_trials: int = Field(default=1, ge=1)
-    num_steps: int = Field(ge=1, description="measured steps per trial, after warm-up")
+    num_steps: int | None = Field(default=None, ge=1, description="measured steps per trial, after warm-up (equal "
+                                  "steps: right for throughput alone)")
+    num_samples: int | None = Field(default=None, ge=1, description="equal data: every trial trains on this many "
+                                    "samples (all workers, warm-up included) whatever its global batch size")
+    num_tokens: int | None = Field(default=None, ge=1, description="equal data for a token-counting trainable")
+    eval_every_steps: int | None = Field(default=None, ge=1, description="evaluate on the validation set every this "
+                                         "many optimizer steps (needed by objective.target)")
     num_warmup_steps: int = Field(default=5, ge=0)
     report_interval_s: float = Field(default=10.0, gt=0)
     max_retries: int = Field(default=1, ge=0, description="re-runs of a trial whose worker or node died "
@@ -427,6 +463,50 @@ class BudgetSpec(BaseModel):
                                         "(0: none); a trial whose worker or node died resumes from the last one")
     time_budget_s: float | None = Field(default=None, gt=0, description="wall-clock limit for the whole sweep: "
                                         "no trial starts after it, running ones are stopped")
+
+    @model_validator(mode="after")
+    def _one_length(self) -> BudgetSpec:
+        given = [k for k in ("num_steps", "num_samples", "num_tokens") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one trial length: num_steps (equal steps, for throughput), or num_samples "
+                             "/ num_tokens (equal data: loss and time to target comparable across batch sizes)"
+                             + (f"; got {' and '.join(given)}" if given else ""))
+        if self.num_steps is None and self.num_warmup_steps < 1:
+            raise ValueError(f"{given[0]} plans each trial's steps from its warm-up's items per step: "
+                             "num_warmup_steps must be >= 1")
+        return self
+
+    @property
+    def num_items(self) -> int:
+        """The equal-data budget (0 with num_steps)."""
+        return self.num_samples or self.num_tokens or 0
+
+    @property
+    def item_unit(self) -> str | None:
+        return "samples" if self.num_samples else "tokens" if self.num_tokens else None
+
+
+class LrScalingSpec(BaseModel):
+    """The searched lr is the rate at `reference_batch_size` (global); each trial runs it scaled to its own
+    global batch: linear (Goyal et al. 2017, SGD) or sqrt (Adam-family)."""
+
+    model_config = _STRICT
+    rule: Literal["linear", "sqrt", "none"]
+    reference_batch_size: int = Field(ge=1, description="the global batch size (batch x accumulation x workers) "
+                                      "the searched lr is meant for")
+
+    def factor(self, global_batch: int) -> float:
+        ratio = global_batch / self.reference_batch_size
+        return ratio if self.rule == "linear" else math.sqrt(ratio) if self.rule == "sqrt" else 1.0
+
+
+class QualitySpec(BaseModel):
+    """The convergence guardrail: at equal data, a trial whose loss/val is worse than the sweep's fp32
+    reference by more than `tolerance` (relative) is degraded: shown, never ranked best."""
+
+    model_config = _STRICT
+    tolerance: float = Field(default=0.05, ge=0, description="relative gap to the fp32 reference's loss/val "
+                             "(0.05: 5% worse) past which a trial is degraded")
 
 
 class ScalingSpec(BaseModel):
@@ -496,6 +576,8 @@ class SweepSpec(BaseModel):
     scaling: ScalingSpec = Field(default_factory=ScalingSpec)
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     telemetry: TelemetrySpec = Field(default_factory=TelemetrySpec)
+    lr_scaling: LrScalingSpec | None = None
+    quality: QualitySpec = Field(default_factory=QualitySpec)
     storage_path: str = "ray_results"
     data_dir: str = ".cache/datasets"
     seed: int = 0
@@ -537,9 +619,25 @@ class SweepSpec(BaseModel):
             raise ValueError(f"search.early_stopping: ASHA compares trials on their progress reports, and "
                              f"{self.objective.primary} is only in a trial's final report (after validation); "
                              "stop early on a throughput objective, or remove early_stopping")
-        if es is not None and es.grace_steps >= self.budget.num_steps:
+        if es is not None and self.budget.num_steps is not None and es.grace_steps >= self.budget.num_steps:
             raise ValueError(f"search.early_stopping.grace_steps ({es.grace_steps}) must be below budget.num_steps "
                              f"({self.budget.num_steps}), or nothing is ever stopped")
+        if es is not None and self.budget.num_steps is None:
+            raise ValueError("search.early_stopping: ASHA compares trials at equal steps, which an equal-data budget "
+                             "does not give; use budget.num_steps with early stopping, or remove it")
+        target, b = self.objective.target, self.budget
+        if target is not None and b.eval_every_steps is None:
+            raise ValueError("objective.target: set budget.eval_every_steps (how often each trial checks the target, "
+                             "e.g. 20)")
+        if target is not None and b.checkpoint_every_steps:
+            raise ValueError("objective.target: a time to target cannot be measured across a restart; set "
+                             "budget.checkpoint_every_steps: 0 (a crashed trial then reruns whole)")
+        if target is not None and not is_final_only(target.metric):
+            raise ValueError(f"objective.target.metric: {target.metric} is not measured by an evaluation; use "
+                             "loss/val or an eval/<name> metric")
+        unit = registry.unit(self.trainable.name)  # None: not declared (a user trainable may count either)
+        if b.item_unit is not None and unit is not None and b.item_unit != unit:
+            raise ValueError(f"budget.num_{b.item_unit}: {self.trainable.name} counts {unit}; use budget.num_{unit}")
         if self.search.probe_batch_size and not self.scaling.reuse_workers:
             raise ValueError("search.probe_batch_size: the probe runs on warm worker groups; set "
                              "scaling.reuse_workers: true (or drop the probe)")

@@ -74,6 +74,34 @@ BAD = {
                    "trainable.params: hidden: expected int, got list [64]"),
     "nesting bomb": ("a: " + "[" * 5000 + "]" * 5000 + "\n", "not valid YAML: nested deeper than 32 levels"),
     "alias": ("a: &x [1, 2]\nb: *x\n", "line 2: <root>: not valid YAML: aliases (*name) are not allowed"),
+    # fastest correct: budgets, targets, lr scaling
+    "two lengths": (BASE.replace("num_steps: 5", "num_steps: 5, num_samples: 4096"),
+                    "budget: give exactly one trial length: num_steps (equal steps, for throughput), or num_samples"),
+    "no length": (BASE.replace(", num_steps: 5", ""), "budget: give exactly one trial length"),
+    "tokens for a samples workload": (BASE.replace("num_steps: 5", "num_tokens: 4096"),
+                                      "budget.num_tokens: mlp-tabular counts samples; use budget.num_samples"),
+    "equal data without warm-up": (BASE.replace("num_steps: 5", "num_samples: 4096, num_warmup_steps: 0"),
+                                   "num_samples plans each trial's steps from its warm-up's items per step: "
+                                   "num_warmup_steps must be >= 1"),
+    "time to target without a target": (BASE + "objective: {metric: time/to_target_s}\n",
+                                        "objective: time/to_target_s needs a target: add target:"),
+    "time to target maximised": (BASE + "objective: {metric: time/to_target_s, mode: max, target: {metric: loss/val, max: 1}}\n",
+                                 "objective: time/to_target_s is a time: mode must be min"),
+    "target without eval cadence": (BASE + "objective: {metric: time/to_target_s, target: {metric: loss/val, max: 0.5}}\n", "objective.target: set budget.eval_every_steps"),
+    "target with checkpoints": (BASE.replace("num_steps: 5", "num_steps: 5, eval_every_steps: 5, checkpoint_every_steps: 2")
+                                + "objective: {metric: time/to_target_s, target: {metric: loss/val, max: 0.5}}\n", "a time to target cannot be measured across a restart"),
+    "target on a throughput": (BASE.replace("num_steps: 5", "num_steps: 5, eval_every_steps: 5")
+                               + "objective: {metric: time/to_target_s, target: {metric: time/step_ms, max: 1}}\n",
+                               "objective.target.metric: time/step_ms is not measured by an evaluation"),
+    "two-sided target": (BASE + "objective: {metric: time/to_target_s, target: {metric: loss/val, max: 1, min: 0}}\n",
+                         "objective.target: a target is one bound"),
+    "rank by a prediction": (BASE + "objective: {metric: predict/time_to_target_s, mode: min}\n",
+                             "predict/time_to_target_s is computed by the sweep after its trials end"),
+    "asha on equal data": (BASE.replace("num_steps: 5", "num_samples: 4096") + "search: {early_stopping: {grace_steps: 2}}\n",
+                           "ASHA compares trials at equal steps, which an equal-data budget does not give"),
+    "lr scaling rule": (BASE + "lr_scaling: {rule: cubic, reference_batch_size: 64}\n",
+                        "lr_scaling.rule: Input should be 'linear', 'sqrt' or 'none'"),
+    "lr scaling reference": (BASE + "lr_scaling: {rule: linear}\n", "lr_scaling.reference_batch_size: Field required"),
 }
 
 

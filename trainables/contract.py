@@ -39,11 +39,22 @@ GPU_UTIL_MEAN_PCT = "gpu/util_mean_pct"
 GPU_MEM_PEAK_GIB = "gpu/mem_peak_gib"
 GPU_POWER_MEAN_W = "gpu/power_mean_w"
 H2D_COPY_PCT = "time/h2d_copy_pct"
+H2D_GB_PER_S = "copy/h2d_gb_per_s"  # host->device bytes per second of the window, mean per rank (CUDA only)
 CPU_WORKER_PCT = "cpu/worker_util_mean_pct"  # % of one core, the training process itself
 CPU_LOADERS_PCT = "cpu/loader_util_mean_pct"  # % of one core, summed over its dataloader workers
 CPU_CORES_USED = "cpu/cores_used"  # cores busy, all ranks: training processes and their loader workers
 MEM_HEADROOM_GIB = "memory/headroom_gib"
 MEM_TOTAL_GIB = "memory/total_gib"
+# Quality (time-to-target, equal data, noise scale)
+GRAD_NOISE_SCALE = "stats/grad_noise_scale"  # B_simple = tr(Sigma)/|G|^2, in the workload's unit (EMA)
+TIME_TO_TARGET_S = "time/to_target_s"  # wall time from the first step to the evaluation that met the target
+STEPS_TO_TARGET = "progress/steps_to_target"  # optimizer steps (warm-up included) when the target was met
+TARGET_BEST = "quality/target_best"  # the best value of the target metric any evaluation reached
+EVAL_TOTAL_S = "time/eval_total_s"  # wall time spent in periodic evaluations (counted in time/to_target_s)
+EVALS = "progress/evals"  # periodic evaluations run
+PREDICT_TIME_TO_TARGET_S = "predict/time_to_target_s"  # the noise-scale model's estimate (the sweep adds it)
+QUALITY_GAP_PCT = "quality/gap_pct"  # loss/val vs the sweep's fp32 reference at equal data (the sweep adds it)
+PREDICT_ERROR_PCT = "predict/error_pct"  # predicted / measured time to target - 1, % (the sweep adds it)
 
 
 def energy_key(unit: str) -> str:
@@ -60,19 +71,30 @@ def per_worker_throughput_key(unit: str) -> str:
     return f"throughput/{unit}_per_s_per_worker"
 
 
+def seen_key(unit: str) -> str:
+    """Items trained on, all ranks, warm-up included (what an equal-data budget equalises)."""
+    return f"progress/{unit}_seen"
+
+
 # Every metric the loop can report; a spec's objective must name one of these.
 KNOWN_METRICS: tuple[str, ...] = tuple(
     [throughput_key(u) for u in THROUGHPUT_UNITS]
     + [per_worker_throughput_key(u) for u in THROUGHPUT_UNITS]
     + [energy_key(u) for u in THROUGHPUT_UNITS]
     + [LOSS_TRAIN, LOSS_VAL, STEP_TIME_MS, DATA_WAIT_PCT, TFLOPS, MFU_PCT, GPU_UTIL_MEAN_PCT, GPU_MEM_PEAK_GIB,
-       GPU_POWER_MEAN_W, H2D_COPY_PCT, CPU_WORKER_PCT, CPU_LOADERS_PCT, CPU_CORES_USED, MEM_HEADROOM_GIB, LOOP_S]
+       GPU_POWER_MEAN_W, H2D_COPY_PCT, H2D_GB_PER_S, CPU_WORKER_PCT, CPU_LOADERS_PCT, CPU_CORES_USED, MEM_HEADROOM_GIB, LOOP_S,
+       GRAD_NOISE_SCALE, TIME_TO_TARGET_S, STEPS_TO_TARGET, TARGET_BEST, EVAL_TOTAL_S, EVALS,
+       PREDICT_TIME_TO_TARGET_S, PREDICT_ERROR_PCT, QUALITY_GAP_PCT]
+    + [seen_key(u) for u in THROUGHPUT_UNITS]
 )
+# Metrics the sweep computes after its trials end (from several trials): never in a trial's own report.
+SWEEP_LEVEL_METRICS: tuple[str, ...] = (PREDICT_TIME_TO_TARGET_S, PREDICT_ERROR_PCT, QUALITY_GAP_PCT)
 
 
 def is_final_only(key: str) -> bool:
     """A metric only the final report carries (it needs validation or the whole window)."""
-    return key in (LOSS_VAL, TFLOPS, MFU_PCT, LOOP_S) or key.startswith(EVAL_PREFIX)
+    return key in (LOSS_VAL, TFLOPS, MFU_PCT, LOOP_S, TIME_TO_TARGET_S, STEPS_TO_TARGET, TARGET_BEST, EVAL_TOTAL_S,
+                   EVALS, *SWEEP_LEVEL_METRICS) or key.startswith(EVAL_PREFIX)
 
 
 def is_known_metric(key: str) -> bool:
@@ -122,6 +144,12 @@ class TrialConfig:
     lr_schedule: str = "constant"  # after warm-up: "constant", or "cosine" decay to 0 at the last step
     tf32_under_autocast: bool = False  # mixed precisions: fp32 matmuls/convolutions left by autocast use TF32 (CUDA)
     probe: bool = False  # a memory probe: OOM agreed by all ranks every step, no gradient all-reduce, no validation
+    num_items: int = 0  # equal-data budget in the workload's unit, all ranks, warm-up included (0: num_steps rules)
+    grad_noise_scale: bool = True  # measure stats/grad_noise_scale (DDP ranks, or micro-batches on one rank)
+    eval_every_steps: int = 0  # evaluate every this many optimizer steps (warm-up included; 0: only at the end)
+    target_metric: str | None = None  # stop when an evaluation meets it: target_metric <= target_max / >= target_min
+    target_max: float | None = None
+    target_min: float | None = None
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -136,6 +164,20 @@ class TrialConfig:
             raise ValueError("max_grad_norm and lr_warmup_steps must be >= 0 (0: off)")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"lr_schedule {self.lr_schedule!r} is not one of {list(LR_SCHEDULES)}")
+        if self.num_items < 0 or self.eval_every_steps < 0:
+            raise ValueError("num_items and eval_every_steps must be >= 0 (0: off)")
+        if self.num_items and self.num_warmup_steps < 1:
+            raise ValueError("an item budget (num_items) plans its steps from the warm-up's items per step: "
+                             "num_warmup_steps must be >= 1")
+        if self.target_metric is not None and (self.target_max is None) == (self.target_min is None):
+            raise ValueError("a target needs exactly one of target_max (reach at most) or target_min (at least)")
+        if self.target_metric is not None and self.eval_every_steps < 1:
+            raise ValueError("a target needs eval_every_steps >= 1 (how often to check it)")
+
+    def target_met(self, value: float | None) -> bool:
+        if self.target_metric is None or value is None or not math.isfinite(value):
+            return False
+        return value <= self.target_max if self.target_max is not None else value >= self.target_min  # type: ignore[operator]
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

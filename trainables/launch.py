@@ -67,11 +67,26 @@ def _parse(argv: list[str] | None) -> tuple[Path | None, TrialConfig]:
     p.add_argument("--lr-warmup-steps", type=int, default=0, help="linear LR warm-up steps")
     p.add_argument("--lr-schedule", choices=LR_SCHEDULES, default="constant")
     p.add_argument("--tf32-under-autocast", action="store_true", help="mixed precisions: TF32 for fp32 matmuls (CUDA)")
+    p.add_argument("--num-items", type=int, default=0, help="equal-data budget in the workload's unit, all ranks, "
+                   "warm-up included (replaces --num-steps; 0: off)")
+    p.add_argument("--eval-every-steps", type=int, default=0, help="evaluate every N optimizer steps (0: at the end)")
+    p.add_argument("--target", default=None, help="stop when an evaluation meets it, e.g. 'loss/val<=3.2' or "
+                   "'eval/accuracy>=0.9' (needs --eval-every-steps)")
+    p.add_argument("--no-grad-noise-scale", dest="grad_noise_scale", action="store_false",
+                   help="do not measure stats/grad_noise_scale")
     p.add_argument("--checkpoint-dir", type=Path, default=None,
                    help="keep the latest checkpoint here and resume from it on (re)start (torchrun --max-restarts)")
     a = p.parse_args(argv)
     if a.checkpoint_every_steps and a.checkpoint_dir is None:
         p.error("--checkpoint-every-steps needs --checkpoint-dir (where the latest checkpoint is kept)")
+    target: dict[str, Any] = {}
+    if a.target is not None:
+        for op, key in (("<=", "target_max"), (">=", "target_min")):
+            if op in a.target:
+                name, value = a.target.split(op, 1)
+                target = {"target_metric": name.strip(), key: float(value)}
+        if not target:
+            p.error("--target: write METRIC<=VALUE or METRIC>=VALUE, e.g. 'loss/val<=3.2'")
     return a.checkpoint_dir, TrialConfig(
         workload=a.workload, workload_params=json.loads(a.params), batch_size=a.batch_size,
         precision=a.precision, lr=a.lr, num_steps=a.num_steps, num_warmup_steps=a.num_warmup_steps,
@@ -83,7 +98,8 @@ def _parse(argv: list[str] | None) -> tuple[Path | None, TrialConfig]:
         loader_timeout_s=a.loader_timeout_s, collective_timeout_s=a.collective_timeout_s,
         checkpoint_every_steps=a.checkpoint_every_steps, grad_accum_steps=a.grad_accum_steps,
         max_grad_norm=a.max_grad_norm, lr_warmup_steps=a.lr_warmup_steps, lr_schedule=a.lr_schedule,
-        tf32_under_autocast=a.tf32_under_autocast,
+        tf32_under_autocast=a.tf32_under_autocast, num_items=a.num_items, eval_every_steps=a.eval_every_steps,
+        grad_noise_scale=a.grad_noise_scale, **target,
     )
 
 

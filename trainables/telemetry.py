@@ -23,6 +23,7 @@ class StepTimer:
         self._clock = clock
         self._t0: float | None = None
         self.data_wait_s = 0.0
+        self.paused_s = 0.0  # measured-window time spent outside training (periodic evaluations)
         self.steps = 0
 
     def now(self, sync: bool = False) -> float:
@@ -51,15 +52,25 @@ class StepTimer:
         if self.measuring:
             self.data_wait_s += self._clock() - t
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[float]:
+        """Time spent inside is not training time: left out of `elapsed_s` (synchronised at both ends)."""
+        self._sync()
+        t = self._clock()
+        yield t
+        self._sync()
+        if self.measuring:
+            self.paused_s += self._clock() - t
+
     def step_done(self) -> None:
         if self.measuring:
             self.steps += 1
 
     def elapsed_s(self) -> float:
-        """Seconds since `start()`, after the device has finished queued work."""
+        """Training seconds since `start()` (paused spans left out), after the device finished queued work."""
         assert self._t0 is not None, "StepTimer.start() was not called"
         self._sync()
-        return self._clock() - self._t0
+        return self._clock() - self._t0 - self.paused_s
 
 
 # --- per-trial telemetry: sampler + memory + copy time, combined over ranks -------------
