@@ -18,6 +18,7 @@ from sweeps.failures import failure_of
 from sweeps.outcome import MEASURED, TrialRow, end_status
 from sweeps.progress import progress_line
 from sweeps.search import knobs_of, record_oom, shared
+from sweeps.sol import SpeedOfLight
 from sweeps.space import resolve_trial, trial_params
 from sweeps.spec import SweepSpec
 from sweeps.tracking import SweepTracker
@@ -60,6 +61,7 @@ class SweepCallback(tune.Callback):
         self._ended: set[str] = set()
         self.halted = ""  # why a trial asked to halt the sweep (HALT_KINDS)
         self.queue: Any = None  # the warm pool's queue, when the sweep has one
+        self.speed_of_light: SpeedOfLight | None = None  # measured limits to score finished trials against
         for row in self.rows.values():  # a resumed sweep keeps what it learnt about memory
             if row.status == "oom":
                 record_oom(token, knobs_of(spec, row))
@@ -149,6 +151,10 @@ class SweepCallback(tune.Callback):
         row.status, row.reason = status, reason
         tags = {}
         if status in MEASURED:
+            sol = self.speed_of_light.score_trial(row.metrics, row.params) if self.speed_of_light else {}
+            if sol:  # against this hardware's measured peaks: logged like the trial's own metrics
+                row.metrics.update(sol)
+                self.tracker.trial_result(trial_id, sol, step=int(row.metrics.get(STEPS, 0)))
             v = verdict(row.metrics, row.params)
             row.verdict = str(v)
             tags = {"sweep.verdict": v.name, "sweep.verdict_reason": v.reason}

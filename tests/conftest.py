@@ -21,6 +21,8 @@ os.environ["RAY_AUTH_TOKEN_PATH"] = str(_TOKEN)
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 os.environ.pop("RAY_ADDRESS", None)
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# The sweep's quick speed-of-light figures are cached per user: here once per test session, not in $HOME.
+os.environ["XDG_CACHE_HOME"] = os.path.join(_AUTH_DIR, "cache")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

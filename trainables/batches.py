@@ -51,6 +51,21 @@ def move_to_device(batch: Any, device: torch.device, non_blocking: bool = False,
     return batch  # numbers, strings, None: left as they are
 
 
+def tensor_bytes(batch: Any) -> int:
+    """Bytes of all tensors in `batch` (what a host->device copy of it moves)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.numel() * batch.element_size()
+    if isinstance(batch, Mapping):
+        values: Any = batch.values()
+    elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        values = (getattr(batch, f.name) for f in dataclasses.fields(batch))
+    elif isinstance(batch, (list, tuple)):
+        values = batch
+    else:
+        return 0
+    return sum(tensor_bytes(v) for v in values)
+
+
 def first_tensor(batch: Any) -> torch.Tensor | None:
     """The first tensor met in `batch`, depth first, in the containers' own order."""
     if isinstance(batch, torch.Tensor):

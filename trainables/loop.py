@@ -31,11 +31,21 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Subset
 
 from trainables import contract, registry
-from trainables.batches import checked_count, checked_eval, default_counter, loss_of, move_to_device, xy_step
+from trainables.batches import (
+    checked_count,
+    checked_eval,
+    default_counter,
+    loss_of,
+    move_to_device,
+    tensor_bytes,
+    xy_step,
+)
 from trainables.contract import CHECKPOINT_FILE, TrialConfig
 from trainables.devinfo import device_facts
 from trainables.errors import DivergedError, WorkloadError
+from trainables.flop_count import flops_per_item
 from trainables.flops import cluster_peak
+from trainables.noise_scale import NoiseScale, ddp_hook, grads_sq
 from trainables.precision import Precision, resolve_precision
 from trainables.reporting import Reporter
 from trainables.telemetry import StepTimer, Telemetry, combine_ranks
@@ -192,11 +202,23 @@ def _gpu_layout(device: torch.device, precision: str, world: int) -> tuple[float
     return cluster_peak([tuple(d) for d in devices], precision)
 
 
-def _flops_metrics(final: dict[str, Any], wl: Workload, peak: float | None) -> dict[str, float]:
-    """Achieved TFLOP/s where the workload knows its FLOPs; MFU where every rank's peak is known too."""
-    if wl.flops_per_item is None:
+def _count_flops(wl: Workload, model: nn.Module, cfg: TrialConfig, device: torch.device,
+                 step: Callable[[nn.Module, Any], Any], count: Callable[[Any], int]) -> float | None:
+    """Training FLOPs per item of a workload that does not declare them: counted once by
+    `torch.utils.flop_counter` on one validation batch, on the bare model before DDP wraps it."""
+    loader = DataLoader(wl.val_dataset, batch_size=cfg.batch_size, collate_fn=wl.collate_fn)
+    batch = next(iter(loader), None)
+    if batch is None:
+        return None
+    return flops_per_item(model, step, move_to_device(batch, device), count)
+
+
+def _flops_metrics(final: dict[str, Any], wl: Workload, peak: float | None, per_item: float | None) -> dict[str, float]:
+    """Achieved TFLOP/s where the FLOPs per item are known (declared or counted); MFU where every
+    rank's peak is known too."""
+    if per_item is None:
         return {}
-    achieved = final[contract.throughput_key(wl.unit)] * wl.flops_per_item
+    achieved = final[contract.throughput_key(wl.unit)] * per_item
     out = {contract.TFLOPS: achieved / 1e12}
     if peak is not None:
         out[contract.MFU_PCT] = 100.0 * achieved / peak
@@ -246,10 +268,12 @@ def _make_optimizer(wl: Workload, model: nn.Module, cfg: TrialConfig, device: to
     return optimizer
 
 
-def _make_schedule(optimizer: torch.optim.Optimizer, cfg: TrialConfig) -> torch.optim.lr_scheduler.LambdaLR | None:
+def _make_schedule(optimizer: torch.optim.Optimizer, cfg: TrialConfig,
+                   plan: list[int] | None = None) -> torch.optim.lr_scheduler.LambdaLR | None:
     """Linear warm-up over `lr_warmup_steps`, then constant or cosine to 0 at the trial's last step.
-    Multiplies each param group's own lr, so a workload's per-group rates keep their ratios."""
-    warm, total = cfg.lr_warmup_steps, cfg.num_warmup_steps + cfg.num_steps
+    Multiplies each param group's own lr, so a workload's per-group rates keep their ratios.
+    `plan[0]` is the measured steps, read at each step (an item budget sets it when warm-up ends)."""
+    warm, plan = cfg.lr_warmup_steps, plan if plan is not None else [cfg.num_steps]
     if warm == 0 and cfg.lr_schedule == "constant":
         return None
 
@@ -257,6 +281,7 @@ def _make_schedule(optimizer: torch.optim.Optimizer, cfg: TrialConfig) -> torch.
         if step < warm:
             return (step + 1) / warm
         if cfg.lr_schedule == "cosine":
+            total = cfg.num_warmup_steps + plan[0]
             return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm))))
         return 1.0
 
@@ -305,14 +330,28 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
     channels_last = device.type == "cuda" and wl.channels_last
     if channels_last:
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    step_fn = wl.step_fn or xy_step(wl.loss_fn)  # type: ignore[arg-type]  # check() ensured one of them
+    count = wl.count_items or default_counter(wl.items_per_sample)
+    flops_item, flops_source = wl.flops_per_item, "declared"
+    if flops_item is None and rank == 0 and not cfg.probe:  # rank 0 reports; before DDP sees a backward
+        flops_item, flops_source = _count_flops(wl, model, cfg, device, step_fn, count), "counted"
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) if world > 1 else None
     # Compile the DDP-wrapped model (PyTorch's guidance): DDP's optimizer splits the graph at its
     # buckets, so the gradient all-reduce still overlaps backward.
     ddp_model: nn.Module = ddp if ddp is not None else model
     if cfg.compile:
         ddp_model = torch.compile(ddp_model)  # type: ignore[assignment]
+    # Gradient noise scale: DDP ranks read it in the all-reduce hook; one rank from its micro-batches
+    noise: NoiseScale | None = None
+    accum = cfg.grad_accum_steps
+    if cfg.grad_noise_scale and not cfg.probe and (ddp is not None or accum > 1):
+        noise = NoiseScale(device)
+        if ddp is not None:
+            ddp.register_comm_hook((noise, world), ddp_hook)
+    params = [p for p in model.parameters() if p.requires_grad]
     optimizer = _make_optimizer(wl, model, cfg, device)
-    scheduler = _make_schedule(optimizer, cfg)
+    plan = [cfg.num_steps]  # measured steps; an item budget replans them when warm-up ends
+    scheduler = _make_schedule(optimizer, cfg, plan)
     scaler = prec.make_scaler()
     # Read now (the steps still to run), applied when warm-up ends: warm-up's updates are undone
     # and the schedule continues where the checkpoint left it.
@@ -321,21 +360,21 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
     pin = cfg.pin_memory and device.type == "cuda"
     if cfg.pin_memory and not pin and rank == 0:
         warnings.warn("pin_memory=True has no effect without CUDA; running unpinned", stacklevel=2)
-    accum = cfg.grad_accum_steps
     loader, sampler = _make_loader(wl, cfg, pin, train=True, rank=rank, world=world)
     batches = _batches(loader, sampler, needed=(cfg.num_warmup_steps + cfg.num_steps - done_before) * accum)
     timer = StepTimer(device)
     telemetry = Telemetry(device, cfg.telemetry_period_s) if cfg.telemetry_period_s > 0 else None
     unit = wl.unit
-    step_fn = wl.step_fn or xy_step(wl.loss_fn)  # type: ignore[arg-type]  # check() ensured one of them
-    count = wl.count_items or default_counter(wl.items_per_sample)
 
     loss_sum = torch.zeros((), dtype=torch.float32, device=device)
     loss_count = 0
     items = 0  # counted in the measured window
+    seen = 0  # counted since step 0, warm-up included (this rank)
+    copied = 0  # host->device bytes in the measured window (this rank; CUDA only: on a CPU nothing is copied)
     report_every = cfg.num_steps  # refined after warm-up from the measured step time
+    evals, eval_s, target_best, reached, last_eval = 0, 0.0, None, None, None  # periodic evaluation
     warm_t0 = 0.0
-    mark = (0.0, 0, 0, 0.0)  # (elapsed, steps, items, data wait) at the previous report
+    mark = (0.0, 0, 0, 0.0, 0)  # (elapsed, steps, items, data wait, bytes copied) at the previous report
 
     def window_metrics(final: bool = False) -> dict[str, Any]:
         """One window per report: an interim report covers the steps since the previous report
@@ -345,13 +384,14 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
         elapsed = timer.elapsed_s()
         if final and telemetry is not None:
             telemetry.stop()
-        t0, steps0, items0, wait0 = (0.0, 0, 0, 0.0) if final else mark
-        mark = (elapsed, timer.steps, items, timer.data_wait_s)
+        t0, steps0, items0, wait0, bytes0 = (0.0, 0, 0, 0.0, 0) if final else mark
+        mark = (elapsed, timer.steps, items, timer.data_wait_s, copied)
         span, steps = elapsed - t0, timer.steps - steps0
+        noise_sums = noise.window_sums() if noise is not None else [0.0, 0.0, 0.0]
         summed = _all_reduce([float(items - items0), (timer.data_wait_s - wait0) / max(span, 1e-12),
-                              loss_sum.item(), float(loss_count)], device)
+                              loss_sum.item(), float(loss_count), *noise_sums, float(copied - bytes0)], device)
         (max_span,) = _all_reduce([span], device, op="max")
-        window_items, wait_share, losses, counts = summed
+        window_items, wait_share, losses, counts, small_sq, big_sq, noise_steps, window_bytes = summed
         train_loss = losses / max(counts, 1.0)
         if not math.isfinite(train_loss):
             raise DivergedError(f"training loss became {train_loss} by measured step {timer.steps}")
@@ -362,6 +402,17 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
                                                          + measured[contract.CPU_LOADERS_PCT]) / 100.0
         if "energy/total_j" in measured and window_items > 0:
             measured[contract.energy_key(unit)] = 1000.0 * measured["energy/total_j"] / window_items
+        if device.type == "cuda" and window_bytes > 0:  # mean per rank, per second of the window
+            measured[contract.H2D_GB_PER_S] = window_bytes / world / max(max_span, 1e-12) / 1e9
+        if noise is not None and steps > 0:
+            # every rank's big norm is the same; the small ones are averaged over ranks
+            b_big = window_items / steps  # items per optimizer step, all ranks
+            b_small = b_big / (world if ddp is not None else accum)
+            per = max(noise_steps / world, 0.0)
+            b_simple = noise.update(small_sq / max(noise_steps, 1.0), big_sq / max(noise_steps, 1.0), per,
+                                    b_small, b_big)
+            if b_simple is not None:
+                measured[contract.GRAD_NOISE_SCALE] = b_simple
         return measured | {
             contract.throughput_key(unit): window_items / max_span,
             contract.per_worker_throughput_key(unit): window_items / max_span / world,
@@ -374,9 +425,16 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
         }
 
     model.train()
+    # time-to-target counts from the first step (evaluations included)
+    train_t0 = timer.now(sync=True) if cfg.target_metric is not None else 0.0
+    step = 0
     try:
-        for step in range(cfg.num_warmup_steps + cfg.num_steps - done_before):
+        while step < cfg.num_warmup_steps + plan[0] - done_before:
             if step == cfg.num_warmup_steps:
+                if cfg.num_items:  # equal data: the measured steps that complete the budget, same on every rank
+                    (seen_warm,) = _all_reduce([float(seen)], device)
+                    per_step = seen_warm / max(cfg.num_warmup_steps, 1)
+                    plan[0] = max(1, math.ceil((cfg.num_items - seen_warm) / max(per_step, 1e-12)))
                 if state is not None:  # resumed: undo warm-up's updates, continue from the checkpoint
                     _apply_state(state, model, optimizer, scaler, scheduler)
                     state = None
@@ -395,6 +453,7 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
                     with timer.data_wait():
                         batch = next(batches)
                     n = checked_count(count, batch)
+                    seen += n
                     with telemetry.h2d_copy(timer.measuring) if telemetry is not None else contextlib.nullcontext():
                         moved = move_to_device(batch, device, pin, channels_last)
                     # DDP all-reduces gradients on the last micro-batch only; never in a memory probe,
@@ -405,8 +464,16 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
                             loss = loss_of(step_fn(ddp_model, moved), training=True)
                         scaled = loss / accum if accum > 1 else loss
                         (scaler.scale(scaled) if scaler is not None else scaled).backward()
+                    if noise is not None and ddp is None and timer.measuring and micro in (0, accum - 1):
+                        # one rank: the first micro-batch's gradient is the small batch, the step the big one
+                        if micro == 0:
+                            noise.add_small(grads_sq(params) * accum * accum)
+                        else:
+                            noise.add_big(grads_sq(params))
                     if timer.measuring:
                         items += n
+                        if device.type == "cuda":
+                            copied += tensor_bytes(batch)
                         loss_sum += loss.detach().float() / accum
                 where[:] = ["optimizer", step]
                 if scaler is not None:
@@ -431,24 +498,46 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
             if cfg.probe:
                 where[:] = ["probe-agree", step]
                 _all_ranks_fit(oom, cfg, device)
+            if noise is not None:
+                noise.commit(keep=timer.measuring)
             if scheduler is not None:
                 scheduler.step()
             optimizer.zero_grad(set_to_none=True)
+            step += 1
+            if cfg.eval_every_steps and step % cfg.eval_every_steps == 0:  # same decision on every rank
+                where[:] = ["evaluate", step]
+                with timer.paused() as t_eval:
+                    last_eval = _validate(model, wl, cfg, prec, device, pin, step_fn, count)
+                    now = timer.now(sync=True)
+                evals, eval_s = evals + 1, eval_s + (now - t_eval)
+                value = last_eval.get(cfg.target_metric) if cfg.target_metric else None
+                if value is not None and math.isfinite(value):
+                    better = (cfg.target_max is not None and value < target_best) or (
+                        cfg.target_min is not None and value > target_best) if target_best is not None else True
+                    target_best = value if better else target_best
+                if cfg.target_met(value):  # all ranks hold the same all-reduced value: all stop here
+                    reached = (now - train_t0, step)
             if timer.measuring:
                 loss_count += 1
                 timer.step_done()
                 total = done_before + timer.steps
                 every = cfg.checkpoint_every_steps
                 where[:] = ["report", step]
-                if every and total % every == 0 and total < cfg.num_steps:  # same decision on every rank
+                if reached is not None:
+                    pass  # the target is met: the final report follows
+                elif every and total % every == 0 and total < plan[0]:  # same decision on every rank
                     with tempfile.TemporaryDirectory(prefix="ckpt-") as tmp:
                         if rank == 0:
                             _save_state(Path(tmp), model, optimizer, scaler, scheduler, total)
                         reporter.report(window_metrics(), checkpoint_dir=tmp if rank == 0 else None)
-                elif timer.steps % report_every == 0 and total < cfg.num_steps:
+                elif timer.steps % report_every == 0 and total < plan[0]:
                     reporter.report(window_metrics())
+            if reached is not None:
+                break
         where[:] = ["final"]
-        final = window_metrics(final=True)
+        # a target met during warm-up leaves no measured window: no throughput, honestly absent
+        final: dict[str, Any] = window_metrics(final=True) if timer.measuring else {
+            contract.STEPS: 0, contract.WORLD_SIZE: world, contract.FINAL: 0}
     except BaseException:  # stop loader workers now: a kept traceback would keep them registered
         _close_loader(loader, batches)
         if telemetry is not None:  # and the sampler thread (a warm worker goes on to the next trial)
@@ -459,11 +548,23 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
     if not cfg.probe:  # a memory probe only asks whether the training step fits
         # the unwrapped model: DDP's forward may broadcast buffers (BatchNorm), and ranks whose
         # validation shards differ in batches would then pair mismatched collectives
-        final.update(_validate(model, wl, cfg, prec, device, pin, step_fn, count))
+        final.update(last_eval if reached is not None and last_eval is not None
+                     else _validate(model, wl, cfg, prec, device, pin, step_fn, count))
         if not math.isfinite(final[contract.LOSS_VAL]):
             raise DivergedError(f"validation loss is {final[contract.LOSS_VAL]}")
     peak, gpu_facts = _gpu_layout(device, cfg.precision, world)
-    final.update(_flops_metrics(final, wl, peak))
+    if contract.throughput_key(wl.unit) in final:
+        final.update(_flops_metrics(final, wl, peak, flops_item))
+        if flops_item is not None:
+            final["perf/flops_source"] = flops_source  # a tag: declared by the workload, or counted
+    (seen_all,) = _all_reduce([float(seen)], device)
+    final[contract.seen_key(unit)] = int(seen_all)
+    if cfg.eval_every_steps:
+        final.update({contract.EVALS: evals, contract.EVAL_TOTAL_S: eval_s})
+        if target_best is not None:
+            final[contract.TARGET_BEST] = target_best
+        if reached is not None:
+            final[contract.TIME_TO_TARGET_S], final[contract.STEPS_TO_TARGET] = reached
     final[contract.FINAL] = 1
     if done_before:
         final[contract.RESTORED_FROM] = done_before
