@@ -64,9 +64,9 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _print_outcome(outcome: Any, title: str) -> None:
-    from sweeps.report import best_fragment, next_steps, pareto_table, trials_table
+    from sweeps.report import best_fragment, compared_run_ids, next_steps, pareto_table, trials_table
     from sweeps.state import resume_command
-    from sweeps.tracking import ui_hint
+    from sweeps.tracking import experiment_of, ui_links
 
     spec = outcome.spec
     print(f"{title}: {len(outcome.ranked())}/{len(outcome.trials)} trials ok (objective: {spec.objective.describe()})\n")
@@ -79,8 +79,8 @@ def _print_outcome(outcome: Any, title: str) -> None:
         print("\n" + pareto_table(outcome))
     print(f"\nBest configuration{' by ' + spec.objective.primary if spec.objective.multi else ''}:\n" + best_fragment(outcome))
     print("\nNext: " + next_steps(outcome))
-    print(f"\nMLflow: parent run {outcome.parent_run_id} in {outcome.tracking_uri}")
-    print(f"Open the UI: {ui_hint(outcome.tracking_uri)}")
+    uri, parent = outcome.tracking_uri, outcome.parent_run_id
+    print("\n" + "\n".join(ui_links(uri, experiment_of(uri, parent), parent, compared_run_ids(outcome))))
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -123,6 +123,15 @@ def _cluster_check(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from sweeps.doctor import doctor
+
+    flags = [f for f, on in (("--quick", args.quick), ("--gpu-checks", args.gpu_checks), ("--no-mlflow", args.no_mlflow)) if on]
+    flags += [f"--address {args.address}"] if args.address else []
+    return doctor(args.quick, args.gpu_checks, args.address, args.json, None if args.no_mlflow else args.tracking_uri,
+                  args.storage_path, " ".join(["sweeps doctor", *flags]))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sweeps", description="Find the fastest correct way to train a model.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -145,9 +154,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("--out", help="also write the figures and summary.html into this folder")
     p.set_defaults(func=_report)
-    p = sub.add_parser("cluster-check", help="validate Ray cluster YAMLs offline and flag exposures")
-    p.add_argument("files", nargs="+")
+    p = sub.add_parser("cluster-check", help="validate Ray cluster-launcher YAMLs and KubeRay manifests offline "
+                                             "and flag exposures")
+    p.add_argument("files", nargs="+", help="cluster/*.yaml (ray up) or cluster/kubernetes/*.yaml (kubectl apply)")
     p.set_defaults(func=_cluster_check)
+    p = sub.add_parser("doctor", help="measure what this machine (or each cluster node) can do; --gpu-checks: every GPU path")
+    p.add_argument("--quick", action="store_true", help="about 20 s per node instead of about 2 min")
+    p.add_argument("--gpu-checks", action="store_true",
+                   help="also run every GPU path the service uses (DDP, fp16/bf16/tf32, compile, NVML, OOM, MFU) and "
+                        "write the evidence file next to --json (on a CPU node: the CPU subset)")
+    p.add_argument("--address", default=None, help="a Ray cluster (or 'auto' inside ray job submit): one check per node")
+    p.add_argument("--json", default="doctor.json", help="write the report here (default: doctor.json)")
+    p.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"))
+    p.add_argument("--storage-path", default="ray_results", help="where sweeps keep their state: its free disk is checked")
+    p.add_argument("--no-mlflow", action="store_true", help="do not log the figures to MLflow")
+    p.set_defaults(func=_doctor)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return int(args.func(args))

@@ -1,15 +1,21 @@
-"""Sweep figures (matplotlib PNG) and a self-contained HTML summary, logged on the parent run.
+"""Sweep figures (matplotlib PNG) and `summary.html`, logged on the parent run under `report/`.
 
-Figures: throughput vs batch size per precision; peak GPU memory vs batch size per precision;
-throughput vs dataloader workers; validation loss vs throughput with the Pareto front; the best
-trial's utilisation timeline. A figure whose data was not measured (GPU memory on a CPU) is
-left out and the summary says so, rather than drawing zeros.
+Figures: throughput vs batch size per precision (batch sizes on a log2 axis, ticks at the sizes
+that ran); a precision x batch size heat map of throughput, and of peak GPU memory where it was
+measured; where each trial's step time went (waiting for data, host-to-device copy, the rest);
+throughput vs dataloader workers; the objective's trade-off with the Pareto front, points labelled
+by trial number; the best trial's utilisation timeline. A figure whose data was not measured (GPU
+memory on a CPU) is left out and the summary says so, rather than drawing zeros. Every figure is
+readable from 2 trials to hundreds: bars show the best `TOP_N`, labels thin out, heat-map columns
+bin to powers of two.
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import math
+import re
 import tempfile
 from collections import defaultdict
 from collections.abc import Callable
@@ -17,35 +23,166 @@ from pathlib import Path
 from typing import Any
 
 from sweeps.outcome import pareto_rows
-from sweeps.report import SweepOutcome, TrialRow, best_fragment, pareto_records, trials_table
+from sweeps.report import (
+    SweepOutcome,
+    TrialRow,
+    answer,
+    best_fragment,
+    degraded,
+    next_steps,
+    pareto_records,
+    table_rows,
+)
+from sweeps.tracking import UI_PORT, run_url
+from trainables.contract import DATA_WAIT_PCT, GPU_MEM_PEAK_GIB, H2D_COPY_PCT
 
 _MEMORY = "memory/max_reserved_gib"
 _LOSS = "loss/val"
 _UTIL = ("gpu/util_mean_pct", "cpu/worker_util_mean_pct")
+TOP_N = 40  # bars drawn at most (the best by the objective)
+MAX_LABELS = 25  # tick or point labels drawn at most
+MAX_COLUMNS = 12  # heat-map batch-size columns before they are binned to powers of two
+
+
+
+def _num(v: Any) -> float | None:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _thin(values: list[Any], at_most: int = MAX_LABELS) -> list[Any]:
+    """Every k-th value, so that at most `at_most` remain (always the first)."""
+    step = max(1, math.ceil(len(values) / at_most))
+    return values[::step]
 
 
 def _by_precision(rows: list[TrialRow], x: str, y: str) -> dict[str, list[tuple[float, float]]]:
     series: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for t in rows:
-        if y in t.metrics and x in t.params:
-            series[str(t.params.get("precision"))].append((float(t.params[x]), float(t.metrics[y])))
+        xv, yv = _num(t.params.get(x)), _num(t.metrics.get(y))
+        if xv is not None and yv is not None:
+            series[str(t.params.get("precision"))].append((xv, yv))
     return {k: sorted(v) for k, v in series.items()}
 
 
-def _scatter_lines(ax: Any, series: dict[str, list[tuple[float, float]]], higher_is_better: bool) -> None:
-    """Every trial as a point; a line through the best trial at each x, per precision."""
+def _value_axis(ax: Any, xs: list[float], log2: bool) -> None:
+    """Ticks at the values that ran; when there are many, at the powers of two between them (log2 axis for
+    batch sizes)."""
+    from matplotlib.ticker import NullLocator
+
+    ran = sorted(set(xs))
+    if log2 and ran and ran[0] > 0:
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_minor_locator(NullLocator())
+    if len(ran) > MAX_COLUMNS and log2 and ran and ran[0] > 0:
+        ticks = [2.0 ** k for k in range(math.ceil(math.log2(ran[0])), math.floor(math.log2(ran[-1])) + 1)]
+    else:
+        ticks = _thin(ran, MAX_COLUMNS)
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([f"{v:g}" for v in ticks])
+
+
+def _scatter_lines(ax: Any, series: dict[str, list[tuple[float, float]]], higher_is_better: bool, log2: bool) -> None:
+    """Every trial as a point; a line through the best trial at each x, per precision (few x values only:
+    with many, a line through them zig-zags with the other knobs)."""
     for name, pts in sorted(series.items()):
-        dots = ax.scatter([p[0] for p in pts], [p[1] for p in pts], alpha=0.5)
+        dots = ax.scatter([p[0] for p in pts], [p[1] for p in pts], alpha=0.5, s=18, label=f"precision {name}")
         best: dict[float, float] = {}
         for x, y in pts:
             best[x] = max(best.get(x, y), y) if higher_is_better else min(best.get(x, y), y)
         xs = sorted(best)
-        ax.plot(xs, [best[x] for x in xs], "-o", color=dots.get_facecolor()[0], label=f"precision {name}")
-    xs_all = [p[0] for pts in series.values() for p in pts]
-    if xs_all and min(xs_all) > 0 and max(xs_all) / min(xs_all) >= 4:
-        ax.set_xscale("log", base=2)
-    ax.legend()
+        if len(xs) <= MAX_COLUMNS:
+            dots.set_label(None)
+            ax.plot(xs, [best[x] for x in xs], "-o", color=tuple(dots.get_facecolor()[0][:3]),
+                    label=f"precision {name} (best per size)" if len(pts) > len(xs) else f"precision {name}")
+    _value_axis(ax, [p[0] for pts in series.values() for p in pts], log2)
+    ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
+
+
+def _heatmap(plt: Any, rows: list[TrialRow], metric: str, label: str, title: str, higher_is_better: bool) -> Any:
+    """Precision (rows) x batch size (columns): the best trial of each cell, annotated."""
+    cells: dict[tuple[str, float], list[float]] = defaultdict(list)
+    batches = sorted({b for t in rows if (b := _num(t.params.get("batch_size"))) is not None and b > 0})
+    binned = len(batches) > MAX_COLUMNS
+    for t in rows:
+        b, v = _num(t.params.get("batch_size")), _num(t.metrics.get(metric))
+        if b is not None and b > 0 and v is not None:
+            cells[(str(t.params.get("precision")), 2.0 ** math.floor(math.log2(b)) if binned else b)].append(v)
+    if not cells:
+        return None
+    precisions = sorted({p for p, _ in cells})
+    columns = sorted({b for _, b in cells})
+    pick = max if higher_is_better else min
+    grid = [[pick(cells[(p, b)]) if (p, b) in cells else math.nan for b in columns] for p in precisions]
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.0 + 0.9 * len(columns)), max(2.6, 1.4 + 0.7 * len(precisions))))
+    image = ax.imshow(grid, cmap="viridis" if higher_is_better else "viridis_r", aspect="auto")
+    fig.colorbar(image, ax=ax, label=label)
+    ax.set_xticks(range(len(columns)), [f"{b:g}" + ("+" if binned else "") for b in columns])
+    ax.set_yticks(range(len(precisions)), precisions)
+    ax.set(xlabel="batch size per worker" + (" (binned to powers of 2)" if binned else ""), ylabel="precision",
+           title=title)
+    finite = [v for r in grid for v in r if not math.isnan(v)]
+    middle = (min(finite) + max(finite)) / 2
+    if len(columns) * len(precisions) <= 60:
+        for i, r in enumerate(grid):
+            for j, v in enumerate(r):
+                if not math.isnan(v):
+                    n = len(cells[(precisions[i], columns[j])])
+                    light = (v < middle) == higher_is_better
+                    ax.text(j, i, f"{v:.3g}" + (f"\nbest of {n}" if n > 1 else ""), ha="center", va="center",
+                            fontsize=8, color="white" if light else "black")
+    return fig
+
+
+def _breakdown(plt: Any, ranked: list[TrialRow], metric: str) -> tuple[Any, str | None]:
+    """One stacked bar per trial (best first): where its measured step time went."""
+    rows = [t for t in ranked if _num(t.metrics.get(DATA_WAIT_PCT)) is not None][:TOP_N]
+    if not rows:
+        return None, f"step_time_breakdown.png: no trial reported {DATA_WAIT_PCT}"
+    gpu = [t for t in rows if str(t.params.get("use_gpu")) == "True"]
+    wait = [min(100.0, _num(t.metrics[DATA_WAIT_PCT]) or 0.0) for t in rows]
+    copy = [_num(t.metrics.get(H2D_COPY_PCT)) or 0.0 for t in rows]
+    rest = [max(0.0, 100.0 - w - c) for w, c in zip(wait, copy, strict=True)]
+    fig, ax = plt.subplots(figsize=(min(12.0, max(6.0, 0.3 * len(rows) + 2.5)), 4))
+    xs = list(range(len(rows)))
+    width = 0.8 if len(rows) <= 20 else 0.95
+    ax.bar(xs, wait, width, label="waiting for data (loader or in-process decode)", color="#d62728")
+    if gpu and any(H2D_COPY_PCT in t.metrics for t in rows):
+        ax.bar(xs, copy, width, bottom=wait, label="host-to-device copy", color="#ff7f0e")
+        copy_note = ""
+    else:  # said, not drawn as a zero
+        copy_note = " (host-to-device copy: none on CPU)" if not gpu else " (host-to-device copy: not measured)"
+    ax.bar(xs, rest, width, bottom=[w + c for w, c in zip(wait, copy, strict=True)], color="#1f77b4",
+           label="compute + all-reduce + optimizer: the rest (not split)")
+    shown = _thin(xs)
+    ax.set_xticks(shown, [f"#{rows[i].number}" for i in shown], rotation=90 if len(shown) > 12 else 0, fontsize=8)
+    ax.set(ylim=(0, 100), ylabel="% of measured step time", xlabel=f"trial, best {metric} first")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=1, frameon=False)
+    ax.set_title("where step time went" + (f" (best {len(rows)} of {len(ranked)} trials)" if len(ranked) > len(rows) else "")
+                 + copy_note, fontsize=11)
+    return fig, None
+
+
+def _tradeoff(plt: Any, outcome: SweepOutcome, ok: list[TrialRow], tput: str) -> tuple[str, Any] | None:
+    obj = outcome.spec.objective
+    (x, y), modes = (obj.metrics[:2], obj.modes[:2]) if obj.multi else ((tput, _LOSS), ("max", "min"))
+    pts = [t for t in ok if _num(t.metrics.get(x)) is not None and _num(t.metrics.get(y)) is not None]
+    if not pts:
+        return None
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    ax.scatter([t.metrics[x] for t in pts], [t.metrics[y] for t in pts], label="trials", alpha=0.6, s=18)
+    front = sorted(pareto_rows(pts, (x, y), modes), key=lambda t: t.metrics[x])
+    ax.plot([t.metrics[x] for t in front], [t.metrics[y] for t in front], "r-o", label="Pareto front")
+    named = {id(t) for t in front} | ({id(t) for t in pts} if len(pts) <= MAX_LABELS else set())
+    for t in _thin([t for t in pts if id(t) in named], 2 * MAX_LABELS):
+        ax.annotate(f"#{t.number}", (t.metrics[x], t.metrics[y]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.set(xlabel=x, ylabel=y, title=f"{y} vs {x} (labels: trial number)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return ("pareto_front.png" if obj.multi else "loss_vs_throughput.png"), fig
 
 
 def figures(outcome: SweepOutcome, history: Callable[[str, str], list[tuple[int, float]]]) -> tuple[dict[str, Any], list[str]]:
@@ -65,8 +202,8 @@ def figures(outcome: SweepOutcome, history: Callable[[str, str], list[tuple[int,
         return figs, ["all figures: no trial finished with a throughput"]
 
     for name, x, y, xlabel, ylabel, title in (
-        ("throughput_vs_batch_size.png", "batch_size", tput, "batch size per worker", tput, "throughput vs batch size"),
-        ("memory_vs_batch_size.png", "batch_size", _MEMORY, "batch size per worker", "peak reserved GPU memory (GiB)",
+        ("throughput_vs_batch_size.png", "batch_size", tput, "batch size per worker (log2)", tput, "throughput vs batch size"),
+        ("memory_vs_batch_size.png", "batch_size", _MEMORY, "batch size per worker (log2)", "peak reserved GPU memory (GiB)",
          "peak GPU memory vs batch size"),
         ("throughput_vs_loader_workers.png", "num_dataloader_workers", tput, "dataloader workers per rank", tput,
          "throughput vs dataloader workers"),
@@ -75,25 +212,30 @@ def figures(outcome: SweepOutcome, history: Callable[[str, str], list[tuple[int,
         if not series:
             skipped.append(f"{name}: {y} was not measured (no GPU)" if y == _MEMORY else f"{name}: no data")
             continue
-        fig, ax = plt.subplots(figsize=(6, 4))
-        _scatter_lines(ax, series, higher_is_better=y != _MEMORY)
+        fig, ax = plt.subplots(figsize=(6.5, 4.2))
+        _scatter_lines(ax, series, higher_is_better=y != _MEMORY, log2=x == "batch_size")
         ax.set(xlabel=xlabel, ylabel=ylabel, title=f"{outcome.spec.name}: {title}")
         figs[name] = fig
 
-    obj = outcome.spec.objective
-    (x, y), modes = (obj.metrics[:2], obj.modes[:2]) if obj.multi else ((tput, _LOSS), ("max", "min"))
-    pts = [t for t in ok if x in t.metrics and y in t.metrics]
-    if pts:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        ax.scatter([t.metrics[x] for t in pts], [t.metrics[y] for t in pts], label="trials", alpha=0.7)
-        front = sorted(pareto_rows(pts, (x, y), modes), key=lambda t: t.metrics[x])
-        ax.plot([t.metrics[x] for t in front], [t.metrics[y] for t in front], "r-o", label="Pareto front")
-        for t in front:
-            ax.annotate(f"{t.number}", (t.metrics[x], t.metrics[y]), textcoords="offset points", xytext=(4, 4))
-        ax.set(xlabel=x, ylabel=y, title=f"{y} vs {x}")
-        ax.legend()
-        ax.grid(alpha=0.3)
-        figs["pareto_front.png" if obj.multi else "loss_vs_throughput.png"] = fig
+    heat = _heatmap(plt, ok, tput, tput, "throughput: precision x batch size (best trial per cell)", True)
+    if heat is not None:
+        figs["throughput_heatmap.png"] = heat
+    mem = next((k for k in (GPU_MEM_PEAK_GIB, _MEMORY) if any(k in t.metrics for t in ok)), None)
+    heat = _heatmap(plt, ok, mem, f"{mem} (GiB)", "peak GPU memory: precision x batch size (least per cell)", False) if mem else None
+    if heat is not None:
+        figs["memory_heatmap.png"] = heat
+    else:
+        skipped.append(f"memory_heatmap.png: {GPU_MEM_PEAK_GIB} was not measured (no GPU)")
+
+    bars, why = _breakdown(plt, outcome.ranked(), metric)
+    if bars is not None:
+        figs["step_time_breakdown.png"] = bars
+    elif why:
+        skipped.append(why)
+
+    tradeoff = _tradeoff(plt, outcome, ok, tput)
+    if tradeoff is not None:
+        figs[tradeoff[0]] = tradeoff[1]
 
     best = outcome.best
     key = next((k for k in _UTIL if best is not None and k in best.metrics), None)
@@ -103,30 +245,119 @@ def figures(outcome: SweepOutcome, history: Callable[[str, str], list[tuple[int,
             skipped.append(f"best_trial_utilisation.png: only {len(series_pts)} report(s) in the best trial's window "
                            "(budget.report_interval_s is longer than the trial); lower it for a timeline")
         else:
-            fig, ax = plt.subplots(figsize=(6, 3))
+            fig, ax = plt.subplots(figsize=(6.5, 3))
             ax.plot([s for s, _ in series_pts], [v for _, v in series_pts], "o-")
-            ax.set(xlabel="measured step", ylabel=key, title=f"best trial {best.number}: utilisation", ylim=(0, None))
+            ax.set(xlabel="measured step", ylabel=key, title=f"best trial #{best.number}: utilisation", ylim=(0, None))
             ax.grid(alpha=0.3)
             figs["best_trial_utilisation.png"] = fig
     return figs, skipped
 
 
-def summary_html(outcome: SweepOutcome, images: dict[str, bytes], skipped: list[str]) -> str:
-    """One HTML file with the figures embedded (opens in MLflow's artifact viewer)."""
+_STYLE = """body{font-family:system-ui,sans-serif;margin:12px;color:#222;line-height:1.4}
+h1{font-size:1.4em;margin:0 0 .4em} h2{font-size:1.15em;margin:1.2em 0 .4em}
+.answer{background:#eef6ee;border-left:4px solid #2a7;padding:.6em .8em}
+.scroll{overflow-x:auto;max-width:100%;border:1px solid #ddd}
+table{border-collapse:collapse;font-size:12px;white-space:nowrap}
+th,td{padding:3px 7px;border-bottom:1px solid #eee;text-align:right}
+th{background:#f4f4f4;cursor:pointer;position:sticky;top:0;white-space:normal;min-width:3em;vertical-align:bottom}
+th:hover{background:#e4e4e4} td.t{text-align:left}
+textarea{width:100%;max-width:40em;font-family:monospace;font-size:12px}
+figure{display:inline-block;margin:.4em;vertical-align:top;max-width:100%} img{max-width:100%;height:auto}
+ul{padding-left:1.2em} li{margin:.15em 0} code{background:#f4f4f4;padding:0 .2em}"""
+
+# Sorting (numbers as numbers, "-" last) and, inside MLflow's viewer (a blob: iframe of the UI's own
+# origin), run links pointed at that UI; the copy button falls back to selecting the text.
+_SCRIPT = """document.querySelectorAll('table.sortable th').forEach(function(th,i){th.addEventListener('click',function(){
+var tb=th.closest('table').tBodies[0],rows=Array.from(tb.rows),up=th.dataset.dir!=='up';th.dataset.dir=up?'up':'down';
+rows.sort(function(a,b){var x=a.cells[i].dataset.v,y=b.cells[i].dataset.v,nx=parseFloat(x),ny=parseFloat(y);
+if(x===''||y===''){return (x==='')-(y==='');}var c=(isNaN(nx)||isNaN(ny))?String(x).localeCompare(y):nx-ny;return up?c:-c;});
+rows.forEach(function(r){tb.appendChild(r);});});});
+if(location.protocol==='blob:'){var base=new URL(location.href.slice(5)).origin;
+document.querySelectorAll('a[data-local]').forEach(function(a){a.href=base+a.getAttribute('data-path');});}
+function copyFragment(){var t=document.getElementById('fragment');t.select();var m=document.getElementById('copied');
+try{navigator.clipboard.writeText(t.value).then(function(){m.textContent='copied';},function(){m.textContent=document.execCommand('copy')?'copied':'selected: press Ctrl+C';});}
+catch(e){m.textContent=document.execCommand('copy')?'copied':'selected: press Ctrl+C';}}"""
+
+
+def _inline_md(text: str) -> str:
+    """The answer's markdown (bold, italics, code) as HTML."""
+    out = html.escape(text)
+    out = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", out)
+    out = re.sub(r"\*(.+?)\*", r"<i>\1</i>", out)
+    return re.sub(r"`(.+?)`", r"<code>\1</code>", out)
+
+
+def _fmt_value(v: Any) -> str:
+    return "-" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _cell(i: int, v: Any) -> str:
+    shown = _fmt_value(v)
+    raw = "" if v is None else str(v)
+    return f'<td data-v="{html.escape(raw)}"{" class=t" if i == 2 else ""}>{html.escape(shown)}</td>'
+
+
+def _trials_html(outcome: SweepOutcome, base: str, local: bool, experiment_id: str | None) -> str:
+    head, rows = table_rows(outcome)
+    # A knob every trial shares is said once above the table, which then fits a narrow viewer.
+    knobs = range(3, head.index(outcome.spec.objective.primary))
+    same = [i for i in knobs if len(rows) > 1 and len({repr(r[i]) for _, r in rows}) == 1]
+    shared = ", ".join(f"{head[i]} {_fmt_value(rows[0][1][i])}" for i in same)
+    keep = [i for i in range(len(head)) if i not in same]
+    head, rows = [head[i] for i in keep], [(t, [r[i] for i in keep]) for t, r in rows]
+    ths = "".join(f"<th title=\"{html.escape(h)} (click to sort)\">{html.escape(h).replace('/', '/<wbr>')}</th>" for h in head)
+    body = []
+    for t, values in rows:
+        cells = [_cell(i, v) for i, v in enumerate(values)]
+        if t.run_id and experiment_id is not None:
+            path = run_url("", experiment_id, t.run_id)
+            attrs = f' data-local="1" data-path="{html.escape(path)}"' if local else ""
+            link = (f'<a href="{html.escape(base + path)}"{attrs} title="MLflow run {t.run_id}">#{t.number}</a>')
+        else:
+            link = f"#{t.number}"
+        cells[1] = f'<td data-v="{t.number}" class=t>{link} <small>{html.escape(t.trial_id)}</small></td>'
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return ((f"<p><small>Same in every trial: {html.escape(shared)}.</small></p>" if shared else "")
+            + f'<div class="scroll"><table class="sortable" id="trials"><thead><tr>{ths}</tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table></div>')
+
+
+def summary_html(outcome: SweepOutcome, images: dict[str, bytes], skipped: list[str],
+                 experiment_id: str | None = None) -> str:
+    """One self-contained page (figures embedded, no dependency) that renders inside MLflow's artifact
+    viewer: the answer, the trials (sortable, each linked to its MLflow run), the best configuration
+    as a spec fragment, verdicts, the next step, the figures. Run links go to the tracking server when
+    it is one; for a local store, to the UI the page is viewed in, else to the `mlflow ui` the CLI
+    prints (http://127.0.0.1:5000)."""
     spec = outcome.spec
-    imgs = "\n".join(f'<figure><img alt="{html.escape(n)}" src="data:image/png;base64,{base64.b64encode(b).decode()}">'
-                     f"<figcaption>{html.escape(n)}</figcaption></figure>" for n, b in images.items())
-    notes = "".join(f"<li>{html.escape(s)}</li>" for s in skipped)
-    return f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(spec.name)}</title>
-<style>body{{font-family:sans-serif;margin:2em;max-width:1100px}} pre{{background:#f4f4f4;padding:1em;overflow-x:auto}}
-figure{{display:inline-block;margin:0.5em}} img{{max-width:520px}}</style></head><body>
-<h1>Sweep {html.escape(spec.name)}</h1><p>{html.escape(spec.description)}</p>
-<p>Objective: <code>{html.escape(spec.objective.describe())}</code>;
-{len(outcome.ranked())}/{len(outcome.trials)} trials finished.</p>
-<h2>Trials</h2><pre>{html.escape(trials_table(outcome))}</pre>
-<h2>Best configuration</h2><pre>{html.escape(best_fragment(outcome))}</pre>
+    served = outcome.tracking_uri.startswith(("http://", "https://"))
+    base = outcome.tracking_uri.rstrip("/") if served else f"http://127.0.0.1:{UI_PORT}"
+    e = html.escape
+    imgs = "\n".join(f'<figure><img alt="{e(n)}" src="data:image/png;base64,{base64.b64encode(b).decode()}">'
+                     f"<figcaption>{e(n)}</figcaption></figure>" for n, b in images.items())
+    notes = "".join(f"<li>{e(s)}</li>" for s in skipped)
+    ranked = outcome.ranked()
+    verdicts = "".join(f"<li>trial #{t.number}: {e(t.verdict)}</li>" for t in ranked if t.verdict)
+    verdicts += "".join(f"<li>trial #{t.number} <b>degraded</b>: {e(degraded(t))}</li>" for t in outcome.trials if degraded(t))
+    verdicts += "".join(f"<li>trial #{t.number} {e(t.status)}: {e(t.reason)}</li>"
+                        for t in outcome.trials if t not in ranked and t.reason)
+    fragment = best_fragment(outcome)
+    links = ("" if served else f"<p><small>Run links open the MLflow UI this page is viewed in; opened on its own they "
+             f"assume <code>mlflow ui --port {UI_PORT}</code> on this machine ({e(base)}).</small></p>")
+    return f"""<!doctype html><html><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">
+<title>{e(spec.name)}</title><style>{_STYLE}</style></head><body>
+<h1>Sweep {e(spec.name)}</h1><p>{e(spec.description)}</p>
+<p class="answer">{_inline_md(answer(outcome))}</p>
+<p><b>Next:</b> {e(next_steps(outcome))}</p>
+<h2>Trials</h2><p><small>Objective: <code>{e(spec.objective.describe())}</code>; {len(ranked)}/{len(outcome.trials)}
+trials finished; click a header to sort, a trial to open its MLflow run.</small></p>
+{_trials_html(outcome, base, not served, experiment_id)}{links}
+<h2>Verdicts</h2><ul>{verdicts or "<li>no finished trial</li>"}</ul>
+<h2>Best configuration</h2><p><small>The <code>space:</code> section that reruns the best trial exactly:</small></p>
+<textarea id="fragment" readonly rows="{fragment.count(chr(10)) + 2}">{e(fragment)}</textarea><br>
+<button onclick="copyFragment()">Copy</button> <span id="copied"></span>
 <h2>Figures</h2>{imgs}{f"<h3>Not drawn</h3><ul>{notes}</ul>" if notes else ""}
-</body></html>"""
+<script>{_SCRIPT}</script></body></html>"""
 
 
 def write_pareto(outcome: SweepOutcome, target: Path) -> None:
@@ -156,10 +387,11 @@ def publish(outcome: SweepOutcome, client: Any, out_dir: Path | None = None, log
     images: dict[str, bytes] = {}
     for name, fig in figs.items():
         fig.tight_layout()
-        fig.savefig(target / name, dpi=100)
+        fig.savefig(target / name, dpi=100, bbox_inches="tight")
         plt.close(fig)
         images[name] = (target / name).read_bytes()
-    (target / "summary.html").write_text(summary_html(outcome, images, skipped))
+    experiment_id = str(client.get_run(outcome.parent_run_id).info.experiment_id)
+    (target / "summary.html").write_text(summary_html(outcome, images, skipped, experiment_id))
     write_pareto(outcome, target)
     if log:
         client.log_artifacts(outcome.parent_run_id, str(target), "report")

@@ -1,35 +1,125 @@
-"""What the sweep prints as it goes: one line per trial event, and what it cost beyond training."""
+"""What the sweep prints as it goes: one line per trial event, and what it cost beyond training.
+
+Every trial event is one plain line (what `ray job logs` and a redirected log want). On an
+interactive terminal the sweep's echo (`Terminal`) also keeps a single live status line under
+them -- done/total, running, failed, best so far, elapsed, ETA -- rewritten in place with `\\r`;
+when stdout is not a terminal nothing but the event lines is written.
+"""
 
 from __future__ import annotations
 
 import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import TextIO
 
 from sweeps.outcome import MEASURED, NOT_FAILED, UNFINISHED, TrialRow
 from sweeps.spec import SweepSpec
 from trainables.contract import LOOP_S
 
 
-def progress_line(spec: SweepSpec, row: TrialRow, rows: list[TrialRow], elapsed: float) -> str:
-    """One line per trial event: what it gave, how the sweep stands, best so far, ETA."""
+@dataclass(frozen=True)
+class Status:
+    """Where the sweep stands at one moment (`at`: time.monotonic() then)."""
+
+    done: int
+    total: int
+    running: int
+    failed: int
+    best: str  # "throughput/samples_per_s=510.9 (trial 4)", or "" before any trial finished
+    elapsed_s: float
+    eta_s: float  # nan before the first trial ends
+    at: float
+
+    def text(self, now: float | None = None) -> str:
+        """The status, with elapsed and ETA moved on to `now`."""
+        waited = max(0.0, (now if now is not None else self.at) - self.at)
+        eta = f"{max(0.0, self.eta_s - waited):.0f}s" if math.isfinite(self.eta_s) else "?"
+        best = f" | best {self.best}" if self.best else ""
+        return (f"done {self.done}/{self.total}, running {self.running}, failed {self.failed}{best} | "
+                f"elapsed {self.elapsed_s + waited:.0f}s, ETA {eta}")
+
+
+class ProgressLine(str):
+    """A trial event's line that also carries the sweep's status (for the live line of a terminal)."""
+
+    status: Status
+
+    def __new__(cls, text: str, status: Status) -> ProgressLine:
+        line = super().__new__(cls, text)
+        line.status = status
+        return line
+
+
+def sweep_status(spec: SweepSpec, rows: list[TrialRow], elapsed: float) -> Status:
     done = [r for r in rows if r.status not in UNFINISHED]
     failed = [r for r in done if r.status not in NOT_FAILED]
     metric, mode = spec.objective.primary, spec.objective.primary_mode
-    if row.status in MEASURED:
-        what = f"{metric}={row.metrics.get(metric, float('nan')):.4g} [{row.verdict.split(':')[0]}]"
-        what += f" INFEASIBLE: {row.reason}" if row.status == "infeasible" else ""
-    else:
-        what = f"{'FAILED' if row in failed else row.status.upper()} ({row.status}: {row.reason})"
     total = spec.budget.num_trials
-    eta = elapsed / len(done) * (total - len(done)) if done else math.nan
     ranked = [r for r in done if r.status == "ok" and metric in r.metrics]
     best = ""
     if ranked:
         b = (max if mode == "max" else min)(ranked, key=lambda r: r.metrics[metric])
-        best = f" | best {metric}={b.metrics[metric]:.4g} (trial {b.number})"
-    return (
-        f"[trial {row.number}/{total}] {what} | done {len(done)}/{total}, running {len(rows) - len(done)}, "
-        f"failed {len(failed)}{best} | elapsed {elapsed:.0f}s, ETA {eta:.0f}s"
-    )
+        best = f"{metric}={b.metrics[metric]:.4g} (trial {b.number})"
+    eta = elapsed / len(done) * (total - len(done)) if done else math.nan
+    return Status(len(done), total, len(rows) - len(done), len(failed), best, elapsed, eta, time.monotonic())
+
+
+def progress_line(spec: SweepSpec, row: TrialRow, rows: list[TrialRow], elapsed: float) -> ProgressLine:
+    """One line per trial event: what it gave, how the sweep stands, best so far, ETA."""
+    status = sweep_status(spec, rows, elapsed)
+    metric = spec.objective.primary
+    if row.status in MEASURED:
+        what = f"{metric}={row.metrics.get(metric, float('nan')):.4g} [{row.verdict.split(':')[0]}]"
+        what += f" INFEASIBLE: {row.reason}" if row.status == "infeasible" else ""
+    else:
+        failed = row.status not in NOT_FAILED
+        what = f"{'FAILED' if failed else row.status.upper()} ({row.status}: {row.reason})"
+    return ProgressLine(f"[trial {row.number}/{status.total}] {what} | {status.text()}", status)
+
+
+class Terminal:
+    """The sweep's echo to stdout. Event lines are printed as they come; on an interactive terminal a
+    live status line is kept under them, redrawn after each line and removed by `close()`. The stream
+    is looked up at each call (tests and `contextlib.redirect_stdout` replace `sys.stdout`)."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self._stream = stream
+        self._status: Status | None = None
+        self._drawn = False
+
+    @property
+    def stream(self) -> TextIO:
+        return self._stream or sys.stdout
+
+    def live(self) -> bool:
+        isatty = getattr(self.stream, "isatty", None)
+        return bool(isatty and isatty()) and os.environ.get("TERM") != "dumb"
+
+    def __call__(self, line: str) -> None:
+        if isinstance(line, ProgressLine):
+            self._status = line.status
+        out, live = self.stream, self.live()
+        out.write(("\r\x1b[K" if live and self._drawn else "") + f"{line}\n")
+        self._drawn = False
+        if live and self._status is not None and self._status.done < self._status.total:
+            # The cursor goes back to column 0: a line someone else prints (Ray's worker logs)
+            # overwrites the status instead of being glued to its end; the next event redraws it.
+            out.write(f"\x1b[7m{self._status.text(time.monotonic())}\x1b[0m\r")
+            self._drawn = True
+        out.flush()
+
+    def close(self) -> None:
+        """Remove the live line (before the sweep's final output) and forget the status."""
+        if self._drawn:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+        self._drawn, self._status = False, None
+
+
+TERMINAL = Terminal()
 
 
 def overhead_line(rows: list[TrialRow], wall_s: float, groups: int | None) -> str:

@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 
 from sweeps.outcome import MEASURED, SweepOutcome, TrialRow
+from sweeps.quality import DEGRADED_TAG
 from sweeps.spec import KNOBS, CategoricalParam, FixedParam, IntParam, Param, Scalar
 from trainables.contract import DATA_WAIT_PCT, LOSS_VAL, STEP_TIME_MS
 
@@ -21,29 +22,57 @@ def _fmt(v: Any) -> str:
     return "-" if v is None else str(v)
 
 
-def trials_table(outcome: SweepOutcome) -> str:
+# Quality figures another part of the loop reports; shown where a trial has them.
+QUALITY_METRICS = ("perf/sol_pct", "stats/grad_noise_scale", "time/to_target_s", "predict/time_to_target_s",
+                   "predict/error_pct", "quality/gap_pct")
+QUALITY_PARAMS = ("lr_effective",)
+
+
+def degraded(t: TrialRow) -> str:
+    """Why a finished trial's result is degraded (the reason, with the gap); empty when it is fine."""
+    return str(getattr(t, "degraded", "") or "")
+
+
+def status_text(t: TrialRow) -> str:
+    return f"{t.status} (degraded)" if t.status == "ok" and degraded(t) else t.status
+
+
+def table_rows(outcome: SweepOutcome) -> tuple[list[str], list[tuple[TrialRow, list[Any]]]]:
+    """The trials table, shared by the terminal and summary.html: its header, and per trial (ranked
+    first, best first, then the rest) the raw cell values. Quality columns appear only when some
+    trial has them; a figure a trial does not have is None (shown as "-")."""
     obj = outcome.spec.objective
     metric = obj.primary
     extra = list(dict.fromkeys(m for m in (*obj.metrics[1:], *(c.metric for c in obj.constraints),
                                            LOSS_VAL, STEP_TIME_MS, DATA_WAIT_PCT) if m != metric))
-    head = ["rank", "trial", "status", *[_HEAD[c] for c in _COLUMNS], metric, *extra]
+    extra += [m for m in QUALITY_METRICS if m not in extra and m != metric and any(m in t.metrics for t in outcome.trials)]
+    params = [p for p in QUALITY_PARAMS if any(p in t.params for t in outcome.trials)]
+    head = ["rank", "trial", "status", *[_HEAD[c] for c in _COLUMNS], *params, metric, *extra]
     ranked = outcome.ranked()
     rest = [t for t in outcome.trials if t not in ranked]
 
-    def row(rank: str, t: TrialRow) -> list[str]:
-        status = t.status if t.status == "ok" else f"{t.status}"
-        return [rank, f"{t.number}:{t.trial_id}", status, *[_fmt(t.params.get(c)) for c in _COLUMNS],
-                _fmt(t.metrics.get(metric) if t.status in MEASURED else None),
-                *[_fmt(t.metrics.get(m) if t.status in MEASURED else None) for m in extra]]
+    def row(rank: int | None, t: TrialRow) -> list[Any]:
+        measured = t.status in MEASURED
+        return [rank, t.number, status_text(t), *[t.params.get(c) for c in (*_COLUMNS, *params)],
+                *[t.metrics.get(m) if measured else None for m in (metric, *extra)]]
 
-    rows = [row(str(i + 1), t) for i, t in enumerate(ranked)] + [row("-", t) for t in rest]
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [head, *rows]]
+    return head, [(t, row(i + 1, t)) for i, t in enumerate(ranked)] + [(t, row(None, t)) for t in rest]
+
+
+def trials_table(outcome: SweepOutcome) -> str:
+    head, rows = table_rows(outcome)
+    cells = [[_fmt(v) if i else ("-" if v is None else str(v)) for i, v in enumerate(r)] for _, r in rows]
+    for (t, _), c in zip(rows, cells, strict=True):
+        c[1] = f"{t.number}:{t.trial_id}"
+    widths = [max(len(r[i]) for r in [head, *cells]) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [head, *cells]]
+    ranked = outcome.ranked()
     if ranked:
         lines.append("\nBottleneck verdicts:")
         lines += [f"  trial {t.number}: {t.verdict}" for t in ranked]
-    for t in rest:
-        if t.reason:
+    lines += [f"  trial {t.number} degraded: {degraded(t)}" for t in outcome.trials if t.status in MEASURED and degraded(t)]
+    for t in outcome.trials:
+        if t not in ranked and t.reason:
             lines.append(f"  trial {t.number} {t.status}: {t.reason}")
     return "\n".join(lines)
 
@@ -126,9 +155,11 @@ def rows_from_runs(children: list[Any]) -> list[TrialRow]:
         name = child.info.run_name or ""
         number = int(name.split("-")[1]) if name.startswith("trial-") else 0
         params = {k: _knob_value(k, v) if k in KNOBS else _typed(v) for k, v in child.data.params.items()}
-        rows.append(TrialRow(tags.get("sweep.trial_id", child.info.run_id), number, params, child.info.run_id,
-                             tags.get("sweep.status", "running"), tags.get("sweep.failure_reason", ""), verdict,
-                             dict(child.data.metrics)))
+        row = TrialRow(tags.get("sweep.trial_id", child.info.run_id), number, params, child.info.run_id,
+                       tags.get("sweep.status", "running"), tags.get("sweep.failure_reason", ""), verdict,
+                       dict(child.data.metrics))
+        row.degraded = tags.get(DEGRADED_TAG, "")  # the reason sweeps.quality tagged it with
+        rows.append(row)
     return sorted(rows, key=lambda r: r.number)
 
 
@@ -168,11 +199,13 @@ def to_json(outcome: SweepOutcome) -> dict[str, Any]:
         "interrupted": outcome.interrupted or None,
         "objective": {"metric": outcome.spec.objective.metric, "mode": outcome.spec.objective.mode,
                       "constraints": [str(c) for c in outcome.spec.objective.constraints]},
+        "answer": answer(outcome),
         "pareto": pareto_records(outcome),
         "best": None if best is None else {"trial": best.trial_id, "run_id": best.run_id, "params": best.params,
                                              "metrics": best.metrics, "verdict": best.verdict},
         "trials": [{"trial": t.trial_id, "number": t.number, "run_id": t.run_id, "status": t.status, "reason": t.reason,
-                    "verdict": t.verdict, "params": t.params, "metrics": t.metrics} for t in outcome.trials],
+                    "verdict": t.verdict, "degraded": degraded(t) or None, "params": t.params, "metrics": t.metrics}
+                   for t in outcome.trials],
     }
 
 
@@ -182,3 +215,90 @@ def next_steps(outcome: SweepOutcome) -> str:
     if best is None or not best.verdict:
         return "no finished trial to learn from; fix the failures listed above first"
     return f"best trial {best.number} is {best.verdict}"
+
+
+COMPARE_AT_MOST = 30  # more runs than this make MLflow's compare view unreadable (and its URL long)
+
+
+def compared_run_ids(outcome: SweepOutcome, at_most: int = COMPARE_AT_MOST) -> list[str]:
+    """The trials worth comparing in MLflow: the measured ones, best first, at most `at_most`."""
+    ranked = outcome.ranked()
+    measured = ranked + [t for t in outcome.trials if t.status in MEASURED and t not in ranked]
+    return [t.run_id for t in measured if t.run_id][:at_most]
+
+
+def throughput_metric(outcome: SweepOutcome) -> str | None:
+    """The throughput speed-ups are measured in: the objective when it is one, else the first one reported."""
+    obj = outcome.spec.objective.primary
+    keys = (obj, "throughput/samples_per_s", "throughput/tokens_per_s")
+    return next((k for k in keys if k.startswith("throughput/") and any(k in t.metrics for t in outcome.ranked())), None)
+
+
+def baseline(outcome: SweepOutcome) -> TrialRow | None:
+    """The classic reference point: the finished fp32 trial with the smallest batch (then the fewest
+    loader workers, no compile): what a user runs before any tuning. None when no such trial finished."""
+    fp32 = [t for t in outcome.ranked() if str(t.params.get("precision")) == "32"]
+    return min(fp32, key=lambda t: (float(t.params.get("batch_size") or 0), float(t.params.get("num_dataloader_workers") or 0),
+                                    str(t.params.get("compile")) == "True", t.number), default=None)
+
+
+def configuration(outcome: SweepOutcome, t: TrialRow) -> str:
+    """A trial's searched knobs in words: `precision bf16-mixed, batch_size 128, ...`."""
+    logged = {k: t.params.get("workload." + k.removeprefix("params.") if k.startswith("params.") else k)
+              for k in outcome.spec.space.searched()}
+    return ", ".join(f"{k} {v}" for k, v in logged.items() if v is not None) or "the spec's fixed configuration"
+
+
+def speedups(outcome: SweepOutcome) -> list[tuple[str, TrialRow, float]]:
+    """(what, trial, best's throughput / that trial's) against the slowest finished trial and the baseline."""
+    key, best = throughput_metric(outcome), outcome.best
+    if key is None or best is None or key not in best.metrics:
+        return []
+    have = [t for t in outcome.ranked() if isinstance(t.metrics.get(key), (int, float)) and t.metrics[key] > 0]
+    out: list[tuple[str, TrialRow, float]] = []
+    if have:
+        slowest = min(have, key=lambda t: t.metrics[key])
+        out.append(("the slowest", slowest, best.metrics[key] / slowest.metrics[key]))
+    base = baseline(outcome)
+    if base is not None and base in have:
+        out.append((f"the fp32 / batch-{base.params.get('batch_size')} baseline", base, best.metrics[key] / base.metrics[key]))
+    return out
+
+
+def answer(outcome: SweepOutcome) -> str:
+    """The sweep's answer in one markdown paragraph (the parent run's description in MLflow)."""
+    spec, best = outcome.spec, outcome.best
+    done = f"{len(outcome.ranked())}/{len(outcome.trials)} trials finished"
+    if best is None:
+        return (f"**No answer**: {done}, none feasible with its objective metric ({spec.objective.describe()}). "
+                "See the failed trials' `sweep.failure_reason` tags.")
+    metric = spec.objective.primary
+    key = throughput_metric(outcome)
+    text = (f"**Best: trial {best.number}** ({configuration(outcome, best)}) with {metric} = "
+            f"{_fmt(best.metrics[metric])}")
+    ups = speedups(outcome)
+    if len(ups) == 2 and ups[0][1] is ups[1][1]:  # the baseline is the slowest trial: say it once
+        ups = [(f"{ups[0][0]}, which is {ups[1][0]}", ups[0][1], ups[0][2])]
+    if ups and key is not None:
+        text += "; " + " and ".join(
+            f"**{x:.2f}×** {what} (trial {t.number}, {_fmt(t.metrics[key])})" for what, t, x in ups)
+        text += f" in {key}" if key != metric else ""
+    text += f". {done}"
+    if spec.objective.multi:
+        text += f"; the Pareto front has {len(outcome.pareto())} trial(s) (`report/pareto.csv`)"
+    text += "."
+    if best.verdict:
+        text += f" Verdict: *{best.verdict}*."
+    if degraded(best):
+        text += f" Caution, its result is degraded: {degraded(best)}."
+    if outcome.stopped_reason:
+        text += f" The sweep stopped early: {outcome.stopped_reason}."
+    if outcome.interrupted:
+        text += f" Not finished: {outcome.interrupted}."
+    return text + " The full report: the `report/summary.html` artifact."
+
+
+def sweep_note(outcome: SweepOutcome) -> str:
+    """The parent run's description (markdown): the answer, then the spec's own description."""
+    text = answer(outcome)
+    return f"{text}\n\n---\n\n{outcome.spec.description}" if outcome.spec.description else text

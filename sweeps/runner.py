@@ -18,10 +18,12 @@ from sweeps.breaker import BreakerStopper
 from sweeps.callback import _LIVE, SweepCallback
 from sweeps.outcome import UNFINISHED, SweepOutcome
 from sweeps.pool import WarmPool
-from sweeps.progress import overhead_line
-from sweeps.report import rows_from_runs
+from sweeps.progress import TERMINAL, overhead_line
+from sweeps.quality import annotate, log_updates
+from sweeps.report import rows_from_runs, sweep_note
 from sweeps.resources import DRIVER_RESOURCES, concurrency_note, local_runtime_env, refuse_if_never_fits
 from sweeps.search import make_scheduler, make_searcher, release, shared
+from sweeps.sol import SpeedOfLight
 from sweeps.spec import SweepSpec
 from sweeps.state import SweepState, experiment_dir, resume_command
 from sweeps.tracking import SweepTracker
@@ -36,7 +38,7 @@ REUSE_TRIAL_ACTORS = True
 
 
 def echo_stdout(line: str) -> None:
-    print(line, flush=True)
+    TERMINAL(line)  # one line per event; on a terminal also a live status line (sweeps.progress)
 
 
 def run_sweep(spec: SweepSpec, spec_text: str, echo: Callable[[str], None] = echo_stdout,
@@ -113,6 +115,9 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
                                       stop=BreakerStopper(token)),
         )
     callback.queue = pool.queue if pool is not None else None
+    callback.speed_of_light = SpeedOfLight.for_sweep(uri)  # before the trials: a quick measurement competes with none
+    for key, source in callback.speed_of_light.sources.items():
+        echo(f"speed of light for {key}: {source}")
     ok = False
     try:
         if pool is not None and spec.search.probe_batch_size:  # before the search: bounds what it proposes
@@ -141,6 +146,7 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
             tracker.trial_ended(row.trial_id, False, row.status, row.reason, {})
         outcome = SweepOutcome(spec, parent, uri, sorted(callback.rows.values(), key=lambda r: r.number),
                                time.monotonic() - t0, tripped, interrupted)
+        quality_note, quality_updates = annotate(outcome)  # guardrail and predicted time to target: across trials
         best = outcome.best
         metrics = {spec.objective.primary: float(best.metrics[spec.objective.primary])} if best else {}
         tags = {"sweep.trials_ok": str(len(outcome.ranked())), "sweep.trials_total": str(len(outcome.trials)),
@@ -151,6 +157,12 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
             tags["sweep.interrupted"] = interrupted[:5000]
         if best is not None and best.run_id:
             tags["sweep.best_run_id"] = best.run_id
+        tags["sweep.quality_guardrail"] = quality_note
+        if quality_updates and not tracker.pending:
+            try:
+                log_updates(tracker.client, quality_updates)
+            except Exception as exc:  # noqa: BLE001 - the trials are done; say what was not recorded
+                echo(f"WARNING: could not log the quality figures to MLflow ({type(exc).__name__}: {exc})")
         if not tracker.flush():
             path = tracker.dump_pending()
             echo(f"WARNING: MLflow stayed unreachable ({tracker.degraded_reason}); {len(tracker.pending)} tracking "
@@ -158,12 +170,14 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
             tags["sweep.tracking"] = f"degraded: {len(tracker.pending)} calls saved in {path}"
         try:
             tracker.end_sweep("KILLED" if interrupted else "FINISHED", metrics, tags)
+            tracker.set_note(sweep_note(outcome))  # the run's description in the UI: the answer, in words
         except Exception as exc:  # noqa: BLE001 - the trials are done; say what was not recorded
             echo(f"WARNING: could not close the MLflow parent run ({type(exc).__name__}: {exc})")
         if interrupted:
             echo(f"the sweep did not finish ({interrupted}); continue it with: {resume_command(spec)}")
         if outcome.trials and not tracker.pending:
             _publish_report(outcome, tracker, echo)
+        TERMINAL.close()  # the live status line gives way to the final output
     return outcome
 
 

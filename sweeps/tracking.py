@@ -15,7 +15,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import quote, urlparse
 
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
@@ -24,6 +24,7 @@ from trainables.contract import METRIC_KEY, is_metric
 
 logger = logging.getLogger(__name__)
 _MAX_PARAM_LEN = 6000
+_MAX_NOTE_LEN = 5000  # MLflow's tag values hold up to 8000 characters
 
 
 def _versions() -> dict[str, str]:
@@ -232,10 +233,92 @@ class SweepTracker:
         )
         self.client.set_terminated(self.parent_id, status)
 
+    def set_note(self, markdown: str) -> None:
+        """The parent run's description in the UI (MLflow's `mlflow.note.content` tag, markdown)."""
+        assert self.parent_id is not None
+        self.client.set_tag(self.parent_id, "mlflow.note.content", markdown[:_MAX_NOTE_LEN])
 
-def ui_hint(uri: str) -> str:
-    if uri.startswith("sqlite:///") and os.path.abspath(uri.removeprefix("sqlite:///")) == os.path.abspath("mlflow.db"):
-        return "make ui   (then open http://127.0.0.1:5000)"
+
+def experiment_of(uri: str, run_id: str) -> str | None:
+    """The experiment id of a run, or None when the store cannot say (it went away after the sweep)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return str(MlflowClient(tracking_uri=uri).get_run(run_id).info.experiment_id)
+    except MlflowException as exc:
+        logger.warning("could not read run %s from %s: %s", run_id, uri, exc)
+        return None
+
+
+def run_url(base: str, experiment_id: str, run_id: str) -> str:
+    """A run's page in the MLflow 3 UI served at `base`."""
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+def compare_url(base: str, experiment_id: str, run_ids: list[str]) -> str:
+    """MLflow's compare view for these runs (the UI's own route: `#/compare-runs?runs=<JSON>&experiments=<JSON>`)."""
+    runs, exps = json.dumps(run_ids, separators=(",", ":")), json.dumps([experiment_id])
+    return f"{base.rstrip('/')}/#/compare-runs?runs={quote(runs, safe='')}&experiments={quote(exps, safe='')}"
+
+
+def _local_store(uri: str, cwd: Path) -> str | None:
+    """The `--backend-store-uri` for a local store as the user types it from `cwd` (a path under the cwd
+    stays relative, anything else absolute); None for a store that is not local."""
+    parsed = urlparse(uri)
+    if parsed.scheme == "sqlite" and uri.startswith("sqlite:///"):
+        db = Path(os.path.normpath(cwd / uri.removeprefix("sqlite:///")))  # a relative path is from the cwd
+        return f"sqlite:///{db.relative_to(cwd)}" if db.is_relative_to(cwd) else f"sqlite:///{db}"
+    if parsed.scheme == "file" or (parsed.scheme == "" and not uri.startswith("databricks")):
+        path = Path(os.path.normpath(cwd / (parsed.path if parsed.scheme == "file" else uri)))
+        return str(path.relative_to(cwd)) if path.is_relative_to(cwd) else str(path)
+    return None
+
+
+UI_PORT = 5000
+
+
+def ui_hint(uri: str, cwd: str | None = None) -> str:
+    """How to see the store in MLflow's UI: the server's address, or the command that serves a local store."""
     if uri.startswith(("http://", "https://")):
         return f"open {uri}"
-    return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1"
+    here = Path(os.path.abspath(cwd or os.getcwd()))
+    store = _local_store(uri, here)
+    if store == "sqlite:///mlflow.db" and _is_this_repo(here):
+        return f"make ui   (serves http://127.0.0.1:{UI_PORT})"
+    return f"{_mlflow_command(here)} ui --backend-store-uri {store or uri} --host 127.0.0.1 --port {UI_PORT}"
+
+
+def _mlflow_command(here: Path) -> str:
+    """`mlflow` when the shell finds it, else this interpreter's (a venv not activated), from `here`."""
+    import shutil
+    import sys
+
+    if shutil.which("mlflow"):
+        return "mlflow"
+    own = Path(sys.executable).parent / "mlflow"
+    return str(own.relative_to(here)) if own.is_relative_to(here) else str(own)
+
+
+def _is_this_repo(path: Path) -> bool:
+    makefile = path / "Makefile"
+    return makefile.is_file() and "\nui:" in makefile.read_text() and (path / "sweeps" / "cli.py").is_file()
+
+
+def ui_links(uri: str, experiment_id: str | None, parent_run_id: str, trial_run_ids: list[str],
+             cwd: str | None = None) -> list[str]:
+    """The last lines of a sweep: where its answer is in MLflow's UI. A tracking server's own URLs; for a
+    local store, the command that serves it, then the URLs that server will have."""
+    served = uri.startswith(("http://", "https://"))
+    base = uri if served else f"http://127.0.0.1:{UI_PORT}"
+    lines = [f"MLflow: parent run {parent_run_id} in {uri}"]
+    if not served:
+        lines.append(f"Serve the UI:  {ui_hint(uri, cwd)}")
+    if experiment_id is None:
+        return [*lines, f"Open the UI:   {base} (the parent run's experiment could not be read)"]
+    then = "then open" if not served else "Open"
+    answer = run_url(base, experiment_id, parent_run_id)
+    lines.append(f"{then} the answer:   {answer}")
+    lines.append(f"The full report:    {answer}/artifacts/report/summary.html")
+    if len(trial_run_ids) >= 2:
+        lines.append(f"Compare the trials: {compare_url(base, experiment_id, trial_run_ids)}")
+    return lines

@@ -4,16 +4,22 @@ Ray, the Pareto front and the best configuration's `space:` fragment."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
+import random
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from html.parser import HTMLParser
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -23,11 +29,191 @@ from PIL import Image
 
 from sweeps.cli import main
 from sweeps.outcome import SweepOutcome, TrialRow, pareto_rows
-from sweeps.report import best_fragment, rows_from_runs
+from sweeps.plots import MAX_LABELS, TOP_N, figures, publish
+from sweeps.report import answer, baseline, best_fragment, rows_from_runs, speedups, sweep_note, trials_table
 from sweeps.space import resolve_trial, trial_params
 from sweeps.spec import KNOBS, parse_spec
+from sweeps.tracking import SweepTracker, ui_hint, ui_links
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+REPO = Path(__file__).resolve().parents[1]
+DEMO = (REPO / "examples" / "demo.yaml").read_text()
+TPUT = "throughput/samples_per_s"
+
+
+def _trials(n: int, seed: int = 0) -> list[TrialRow]:
+    """n synthetic trials of the demo's space (2 trials: the grid's corners; more: random batch sizes)."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(1, n + 1):
+        precision = "32" if i % 2 else "bf16-mixed"
+        batch = (32 if i == 1 else 128) if n <= 2 else rng.randint(16, 1024)
+        loaders = (i // 2) % 2
+        speed = (1.6 if precision == "bf16-mixed" else 1.0) * (batch ** 0.3) * (1 + loaders * 0.2) * 60
+        metrics = {TPUT: speed, "loss/val": 2.0 / speed ** 0.2 + rng.random() * 0.01, "time/step_ms": 1000 * batch / speed,
+                   "time/data_wait_pct": 30.0 / (1 + loaders) + rng.random(), "cpu/worker_util_mean_pct": 60.0}
+        status = "oom" if n > 2 and i % 37 == 0 else "ok"
+        params = {"batch_size": batch, "precision": precision, "num_dataloader_workers": loaders, "lr": 0.001,
+                  "pin_memory": False, "use_gpu": False}
+        rows.append(TrialRow(f"t{i:04d}", i, params, f"run{i:04d}", status, "CUDA out of memory" if status == "oom" else "",
+                             "underutilised: rank busy only 60% of 1 core(s)" if status == "ok" else "",
+                             metrics if status == "ok" else {}))
+    return rows
+
+
+def _outcome(n: int, uri: str = "sqlite:///mlflow.db") -> SweepOutcome:
+    return SweepOutcome(parse_spec(DEMO), "parent0", uri, _trials(n), 12.0)
+
+
+class _Client:
+    """What publish() reads from MLflow, without a store."""
+
+    def get_metric_history(self, run_id: str, key: str) -> list[SimpleNamespace]:
+        return [SimpleNamespace(step=s, value=50.0 + s % 7) for s in range(0, 60, 10)]
+
+    def get_run(self, run_id: str) -> SimpleNamespace:
+        return SimpleNamespace(info=SimpleNamespace(experiment_id="7"))
+
+
+class _Table(HTMLParser):
+    """The trials table of summary.html: header texts and each row's cells."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head: list[str] = []
+        self.rows: list[list[str]] = []
+        self.links: list[str] = []
+        self._in: str | None = None
+        self._table = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "table" and a.get("id") == "trials":
+            self._table = True
+        elif self._table and tag == "tr":
+            self.rows.append([])
+        elif self._table and tag in ("th", "td"):
+            self._in = tag
+            (self.head if tag == "th" else self.rows[-1]).append("")
+        elif self._table and tag == "a":
+            self.links.append(a.get("href") or "")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "table":
+            self._table = False
+        elif tag in ("th", "td"):
+            self._in = None
+
+    def handle_data(self, data: str) -> None:
+        if self._in == "th":
+            self.head[-1] += data
+        elif self._in == "td":
+            self.rows[-1][-1] += data
+
+
+@pytest.mark.parametrize("n", [2, 200])
+def test_every_figure_and_the_page_render_with_few_and_many_trials(n: int, tmp_path: Path) -> None:
+    outcome = _outcome(n)
+    figs, skipped = figures(outcome, lambda run, key: [(m.step, m.value) for m in _Client().get_metric_history(run, key)])
+    assert {"throughput_vs_batch_size.png", "throughput_heatmap.png", "step_time_breakdown.png", "loss_vs_throughput.png",
+            "throughput_vs_loader_workers.png", "best_trial_utilisation.png"} <= set(figs)
+    assert any(s.startswith("memory_heatmap.png: gpu/mem_peak_gib was not measured") for s in skipped)
+    batch_axis = figs["throughput_vs_batch_size.png"].axes[0]
+    ran = sorted({t.params["batch_size"] for t in outcome.trials if t.status == "ok"})
+    ticks = [float(x) for x in batch_axis.get_xticks()]
+    assert batch_axis.get_xscale() == "log" and 2 <= len(ticks) <= 12
+    assert ticks == ran if n == 2 else all(math.log2(x).is_integer() and ran[0] <= x <= ran[-1] for x in ticks)
+    bars = figs["step_time_breakdown.png"].axes[0]
+    assert len(bars.get_xticks()) <= MAX_LABELS and len(bars.patches) <= 3 * TOP_N
+    assert ("best 40 of" in bars.get_title()) == (n > TOP_N)
+    assert "host-to-device copy: none on CPU" in bars.get_title()  # not measured: said, not drawn as 0
+    labels = [t.get_text() for t in figs["loss_vs_throughput.png"].axes[0].texts]
+    assert labels and all(lbl.startswith("#") for lbl in labels) and len(labels) <= 2 * MAX_LABELS
+    heat = figs["throughput_heatmap.png"].axes[0]
+    assert [t.get_text() for t in heat.get_yticklabels()] == ["32", "bf16-mixed"] and len(heat.get_xticks()) <= 12
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+    out = publish(outcome, _Client(), tmp_path, log=False)
+    for png in sorted(out.glob("*.png")):
+        img = np.asarray(Image.open(png).convert("L"), dtype=np.float32)
+        assert 200 <= img.shape[0] <= 2000 and 300 <= img.shape[1] <= 2000, (png.name, img.shape)
+        assert img.std() > 5 and (img < 128).mean() > 0.005, f"{png.name} looks blank"
+    page = (out / "summary.html").read_text()
+    table = _Table()
+    table.feed(page)
+    assert "<pre" not in page and page.count("data:image/png;base64,") == len(list(out.glob("*.png")))
+    assert table.head[-1] == "cpu/worker_util_mean_pct" or table.head[-1] in trials_table(outcome)
+    assert len(table.rows) == n + 1 and all(len(r) == len(table.head) for r in table.rows[1:])  # +1: the header row
+    assert "lr" not in table.head and "Same in every trial: lr 0.001, pin False." in page  # said once, not a column
+    assert table.links[0] == f"http://127.0.0.1:5000/#/experiments/7/runs/{outcome.best.run_id}"
+    assert "mlflow ui --port 5000" in page and 'onclick="copyFragment()"' in page
+    assert best_fragment(outcome).splitlines()[1].strip() in page
+
+
+def test_the_answer_names_the_best_and_its_speed_ups() -> None:
+    outcome = _outcome(8)
+    best, base = outcome.best, baseline(outcome)
+    other = _outcome(9)
+    assert baseline(other) is not min(other.ranked(), key=lambda t: t.metrics[TPUT])  # both wordings get checked
+    assert "** the slowest (trial" in answer(other) and "** the fp32 / batch-" in answer(other)
+    assert best is not None and base is not None
+    assert base.params["precision"] == "32" and base.params["batch_size"] == min(
+        t.params["batch_size"] for t in outcome.ranked() if t.params["precision"] == "32")
+    ups = {what.split()[1]: (t, x) for what, t, x in speedups(outcome)}
+    slowest = min(outcome.ranked(), key=lambda t: t.metrics[TPUT])
+    assert ups["slowest"] == (slowest, pytest.approx(best.metrics[TPUT] / slowest.metrics[TPUT]))
+    assert ups["fp32"][1] == pytest.approx(best.metrics[TPUT] / base.metrics[TPUT])
+    text = answer(outcome)
+    assert text.startswith(f"**Best: trial {best.number}** (batch_size {best.params['batch_size']}, precision "
+                           f"{best.params['precision']}, num_dataloader_workers {best.params['num_dataloader_workers']})")
+    x = best.metrics[TPUT] / slowest.metrics[TPUT]
+    if slowest is base:  # said once
+        assert f"**{x:.2f}×** the slowest, which is the fp32 / batch-{base.params['batch_size']} baseline (trial {base.number}" in text
+    else:
+        assert f"**{x:.2f}×** the slowest (trial {slowest.number}" in text and "the fp32 / batch-" in text
+    assert "Verdict: *underutilised" in text
+    none = SweepOutcome(parse_spec(DEMO), "p", "sqlite://", [], 1.0)
+    assert answer(none).startswith("**No answer**")
+
+
+def test_quality_figures_and_degraded_trials_are_shown_where_present() -> None:
+    outcome = _outcome(2)
+    plain = trials_table(outcome)
+    assert "grad_noise_scale" not in plain and "degraded" not in plain
+    outcome.trials[0].metrics.update({"stats/grad_noise_scale": 812.0, "time/to_target_s": 41.5})
+    outcome.trials[0].params["lr_effective"] = 0.004
+    outcome.trials[0].degraded = "loss/val 12% above the fp32 reference at equal data"
+    text = trials_table(outcome)
+    head = text.splitlines()[0].split()
+    assert {"stats/grad_noise_scale", "time/to_target_s", "lr_effective"} <= set(head)
+    assert "predict/time_to_target_s" not in head  # nobody has it: no empty column
+    assert "ok (degraded)" in text
+    assert "trial 1 degraded: loss/val 12% above the fp32 reference at equal data" in text.split("Bottleneck verdicts:")[1]
+    child = SimpleNamespace(info=SimpleNamespace(run_id="r1", run_name="trial-001-t1"), data=SimpleNamespace(
+        params={}, metrics={}, tags={"sweep.status": "ok", "sweep.degraded": "loss/val 9% worse"}))
+    assert rows_from_runs([child])[0].degraded == "loss/val 9% worse"  # `sweeps report` shows it too
+
+
+def test_ui_links_for_a_server_and_for_local_stores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lines = ui_links("http://mlflow.internal:5000/", "3", "p1", ["a", "b"])
+    assert lines[1] == "Open the answer:   http://mlflow.internal:5000/#/experiments/3/runs/p1"
+    assert lines[2] == "The full report:    http://mlflow.internal:5000/#/experiments/3/runs/p1/artifacts/report/summary.html"
+    assert lines[3] == ("Compare the trials: http://mlflow.internal:5000/#/compare-runs?runs=%5B%22a%22%2C%22b%22%5D"
+                        "&experiments=%5B%223%22%5D")
+    assert not any("mlflow ui" in line for line in lines)
+    (tmp_path / "sub").mkdir()
+    monkeypatch.setenv("PATH", "/nonexistent")  # mlflow not on PATH: this interpreter's, by its path
+    assert ui_hint("sqlite:///m.db", cwd=str(tmp_path)).startswith(f"{Path(sys.executable).parent / 'mlflow'} ui ")
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent))
+    local = ui_links("sqlite:///sub/m.db", "1", "p1", ["a", "b"], cwd=str(tmp_path))
+    assert local[1] == "Serve the UI:  mlflow ui --backend-store-uri sqlite:///sub/m.db --host 127.0.0.1 --port 5000"
+    assert local[2] == "then open the answer:   http://127.0.0.1:5000/#/experiments/1/runs/p1"
+    assert ui_hint(f"sqlite:///{tmp_path}/m.db", cwd=str(tmp_path / "sub")) == \
+        f"mlflow ui --backend-store-uri sqlite:///{tmp_path}/m.db --host 127.0.0.1 --port 5000"  # outside the cwd: absolute
+    assert ui_hint("sqlite:///mlflow.db", cwd=str(REPO)).startswith("make ui")
+    assert ui_hint("sqlite:///mlflow.db", cwd=str(tmp_path)).startswith("mlflow ui --backend-store-uri sqlite:///mlflow.db")
+    assert ui_links("sqlite:///m.db", None, "p1", [], cwd=str(tmp_path))[-1].endswith("could not be read)")
 
 
 def test_pareto_front() -> None:
@@ -113,17 +299,17 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.mark.ray
-def test_mlflow_ui_lists_parent_with_children_in_chromium(small_sweep: tuple, tmp_path: Path) -> None:
+def _need_chromium() -> str:
     if CHROMIUM is None:
         if os.environ.get("CI"):
             pytest.fail("Debian chromium is missing in CI: `make test` installs it (make browser)")
         pytest.skip("no chromium on this machine: run `make browser` (apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
+    return CHROMIUM
 
-    outcome, uri, _ = small_sweep
-    client = MlflowClient(uri)
-    exp_id = client.get_run(outcome.parent_run_id).info.experiment_id
+
+@contextlib.contextmanager
+def _mlflow_server(uri: str) -> Iterator[int]:
+    """`mlflow server` on a free loopback port for the store; yields the port."""
     port = _free_port()
     # One worker and no job runner: a light server for a 2-core machine.
     server = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri", uri,
@@ -135,19 +321,116 @@ def test_mlflow_ui_lists_parent_with_children_in_chromium(small_sweep: tuple, tm
         while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
             assert time.monotonic() < deadline and server.poll() is None, "mlflow server did not start"
             time.sleep(0.5)
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-                "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync"])
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.goto(f"http://127.0.0.1:{port}/#/experiments/{exp_id}/runs", wait_until="load", timeout=90_000)
-            page.get_by_text("test-sweep", exact=True).first.wait_for(timeout=90_000)
-            page.get_by_role("row").filter(has_text="test-sweep").first.get_by_role("button").first.click()
-            for t in outcome.trials:
-                page.get_by_text(f"trial-{t.number:03d}", exact=False).first.wait_for(timeout=30_000)
-            page.screenshot(path=str(tmp_path / "mlflow-ui.png"))
-            browser.close()
-        assert (tmp_path / "mlflow-ui.png").stat().st_size > 10_000
+        yield port
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def _page(chromium: str) -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        try:
+            yield browser.new_page(viewport={"width": 1400, "height": 900})
+        finally:
+            browser.close()
+
+
+@pytest.mark.ray
+def test_mlflow_ui_lists_parent_with_children_in_chromium(small_sweep: tuple, tmp_path: Path) -> None:
+    chromium = _need_chromium()
+    outcome, uri, _ = small_sweep
+    client = MlflowClient(uri)
+    parent = client.get_run(outcome.parent_run_id)
+    exp_id = parent.info.experiment_id
+    note = parent.data.tags["mlflow.note.content"]  # set by the runner at the sweep's end: the answer first
+    assert note.startswith(f"**Best: trial {outcome.best.number}**") and note.endswith("two precisions, one unsupported on CPU")
+    with _mlflow_server(uri) as port, _page(chromium) as page:
+        page.goto(f"http://127.0.0.1:{port}/#/experiments/{exp_id}/runs", wait_until="load", timeout=90_000)
+        page.get_by_text("test-sweep", exact=True).first.wait_for(timeout=90_000)
+        page.get_by_role("row").filter(has_text="test-sweep").first.get_by_role("button").first.click()
+        for t in outcome.trials:
+            page.get_by_text(f"trial-{t.number:03d}", exact=False).first.wait_for(timeout=30_000)
+        page.screenshot(path=str(tmp_path / "mlflow-ui.png"))
+    assert (tmp_path / "mlflow-ui.png").stat().st_size > 10_000
+
+
+def _store_with_a_sweep(tmp_path: Path, n: int) -> tuple[str, SweepOutcome]:
+    """A finished sweep in a sqlite store as the runner leaves it (no Ray): parent, children, note, report/."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    spec = parse_spec(DEMO)
+    tracker = SweepTracker(uri, "ui-exp")
+    parent = tracker.start_sweep(spec.name, spec.description, DEMO, {})
+    rows = _trials(n)
+    for t in rows:
+        tracker.start_trial(t.trial_id, t.number, t.params)
+        tracker.log_result(t.trial_id, t.metrics, 60)
+        tags = {"sweep.verdict": t.verdict.split(":")[0], "sweep.verdict_reason": t.verdict.split(": ", 1)[1]} if t.verdict else {}
+        tracker.end_trial(t.trial_id, t.status == "ok", t.status, t.reason, tags)
+        t.run_id = tracker.run_id(t.trial_id)
+    outcome = SweepOutcome(spec, parent, uri, rows, 12.0)
+    tracker.end_sweep("FINISHED", {TPUT: outcome.best.metrics[TPUT]}, {})
+    tracker.set_note(sweep_note(outcome))
+    publish(outcome, tracker.client)
+    return uri, outcome
+
+
+def test_the_printed_urls_land_on_the_answer_in_chromium(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """What `sweeps report` prints last, opened in headless Chromium against `mlflow server`: the parent run
+    with the answer as its description, its report/summary.html in MLflow's artifact viewer (the trials
+    table's last column reachable inside the viewer, sorting, run links to this UI), and the compare view
+    of the trials with the swept params and the objective."""
+    chromium = _need_chromium()
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    uri, outcome = _store_with_a_sweep(tmp_path, 6)
+    assert main(["report", outcome.spec.name, "--tracking-uri", uri]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    answer_url = next(line for line in printed if line.startswith("then open the answer:")).split()[-1]
+    compare_url = next(line for line in printed if line.startswith("Compare the trials:")).split()[-1]
+    assert next(line for line in printed if line.startswith("Serve the UI:")).startswith(
+        f"Serve the UI:  mlflow ui --backend-store-uri {uri}")
+    with _mlflow_server(uri) as port, _page(chromium) as page:
+        here = f"http://127.0.0.1:{port}/"
+        page.goto(answer_url.replace("http://127.0.0.1:5000/", here), wait_until="load", timeout=90_000)
+        page.get_by_text(f"Best: trial {outcome.best.number}", exact=False).first.wait_for(timeout=90_000)
+
+        report_url = next(line for line in printed if line.startswith("The full report:")).split()[-1]
+        assert report_url == answer_url + "/artifacts/report/summary.html"
+        page.goto(report_url.replace("http://127.0.0.1:5000/", here), timeout=90_000)
+        viewer = page.locator("iframe.mlflow-html-iframe")
+        viewer.wait_for(timeout=60_000)
+        frame = page.frame_locator("iframe.mlflow-html-iframe")
+        last = frame.locator("#trials th").last
+        last.wait_for(timeout=60_000)
+        assert last.inner_text().replace("\n", "") == "time/data_wait_pct"
+        last.scroll_into_view_if_needed()
+        box, th = viewer.bounding_box(), last.bounding_box()
+        assert box and th and box["x"] <= th["x"] and th["x"] + th["width"] <= box["x"] + box["width"] + 1, (box, th)
+        assert th["height"] > 0 and box["y"] <= th["y"] <= box["y"] + box["height"]
+        page_width = frame.locator("body").evaluate("b => [document.documentElement.scrollWidth, "
+                                                    "document.documentElement.clientWidth]")
+        assert page_width[0] <= page_width[1] + 1, f"summary.html overflows the viewer: {page_width}"
+        assert frame.locator("pre").count() == 0 and frame.locator("img").count() >= 5
+        href = frame.locator("#trials a").first.get_attribute("href")
+        assert href == f"http://127.0.0.1:{port}/#/experiments/{outcome_experiment(uri, outcome)}/runs/{outcome.best.run_id}"
+        first_trial = frame.locator("#trials tbody tr").first.locator("td").nth(1)
+        frame.locator("#trials th").nth(1).click()  # sort by trial number, ascending
+        assert first_trial.inner_text().startswith("#1 ")
+        page.screenshot(path=str(tmp_path / "summary-in-viewer.png"), full_page=True)
+
+        page.goto(compare_url.replace("http://127.0.0.1:5000/", here), wait_until="load", timeout=90_000)
+        for text in ("batch_size", "precision", "num_dataloader_workers", TPUT):
+            page.get_by_text(text, exact=True).first.wait_for(timeout=60_000)
+        for t in outcome.ranked():
+            page.get_by_text(f"trial-{t.number:03d}", exact=False).first.wait_for(timeout=30_000)
+        page.screenshot(path=str(tmp_path / "compare.png"), full_page=True)
+
+
+def outcome_experiment(uri: str, outcome: SweepOutcome) -> str:
+    return str(MlflowClient(uri).get_run(outcome.parent_run_id).info.experiment_id)

@@ -1,0 +1,88 @@
+"""Progress output: one plain line per trial event everywhere; on a terminal, also one live status
+line rewritten in place, never written to a log that is not a terminal."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from sweeps.outcome import TrialRow
+from sweeps.progress import ProgressLine, Terminal, progress_line
+from sweeps.spec import parse_spec
+
+SPEC = parse_spec("name: p\ntrainable: {name: mlp-tabular}\nbudget: {num_trials: 4, num_steps: 2}\n")
+METRIC = "throughput/samples_per_s"
+
+
+class Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _events() -> list[str]:
+    rows = [TrialRow(f"t{i}", i, {}, status="running") for i in (1, 2, 3)]
+    lines: list[str] = []
+    for i, (status, value) in enumerate([("ok", 100.0), ("oom", None), ("ok", 250.0)]):
+        row = rows[i]
+        row.status, row.verdict = status, "underutilised: rank busy only 50%"
+        row.reason = "" if status == "ok" else "CUDA out of memory"
+        if value is not None:
+            row.metrics[METRIC] = value
+        lines.append(progress_line(SPEC, row, rows, elapsed=10.0 * (i + 1)))
+    return lines
+
+
+def test_each_event_is_one_line_with_the_sweep_status() -> None:
+    lines = _events()
+    assert all(isinstance(line, ProgressLine) and "\n" not in line for line in lines)
+    assert lines[0] == (f"[trial 1/4] {METRIC}=100 [underutilised] | done 1/4, running 2, failed 0 | "
+                        f"best {METRIC}=100 (trial 1) | elapsed 10s, ETA 30s")
+    assert lines[1].startswith("[trial 2/4] FAILED (oom: CUDA out of memory) | done 2/4, running 1, failed 1")
+    assert lines[2].status.best == f"{METRIC}=250 (trial 3)" and lines[2].status.eta_s == pytest.approx(10.0)
+
+
+def test_a_log_that_is_not_a_terminal_gets_the_event_lines_only() -> None:
+    out = io.StringIO()
+    echo = Terminal(out)
+    echo("[trial 1/4] t1 started: batch_size=32")
+    for line in _events():
+        echo(line)
+    echo.close()
+    text = out.getvalue()
+    assert "\r" not in text and "\x1b" not in text
+    assert text.splitlines() == ["[trial 1/4] t1 started: batch_size=32", *_events_text()]
+
+
+def _events_text() -> list[str]:
+    return [str(line) for line in _events()]
+
+
+def test_a_terminal_also_gets_one_live_status_line_rewritten_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TERM", "xterm")
+    out = Tty()
+    echo = Terminal(out)
+    events = _events()
+    echo("[trial 1/4] t1 started")  # no status yet: nothing drawn
+    assert out.getvalue() == "[trial 1/4] t1 started\n"
+    echo(events[0])
+    drawn = out.getvalue()
+    assert drawn.endswith("\r") and "done 1/4, running 2, failed 0" in drawn.rsplit("\n", 1)[1]
+    echo("[trial 4/4] t4 started")  # the status is cleared, the line printed, the status redrawn under it
+    after = out.getvalue()[len(drawn):]
+    assert after.startswith("\r\x1b[K[trial 4/4] t4 started\n") and after.endswith("\r") and "done 1/4" in after
+    echo(events[2])
+    assert "best " + METRIC + "=250 (trial 3)" in out.getvalue().rsplit("\n", 1)[1]
+    echo.close()
+    assert out.getvalue().endswith("\r\x1b[K")  # the final output starts on a clean line
+    # what the terminal shows (each line's text after its last \r): the event lines, whole, and nothing else
+    shown = [seg.replace("\x1b[K", "").split("\r")[-1] for seg in out.getvalue().split("\n")]
+    assert shown == ["[trial 1/4] t1 started", str(events[0]), "[trial 4/4] t4 started", str(events[2]), ""]
+
+
+def test_dumb_terminal_gets_no_live_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TERM", "dumb")
+    out = Tty()
+    echo = Terminal(out)
+    echo(_events()[0])
+    assert "\r" not in out.getvalue()
