@@ -51,34 +51,30 @@ def move_to_device(batch: Any, device: torch.device, non_blocking: bool = False,
     return batch  # numbers, strings, None: left as they are
 
 
+def _children(batch: Any) -> Any:
+    """The values a container batch holds, in its own order (None for a leaf that is not a tensor)."""
+    if isinstance(batch, Mapping):
+        return batch.values()
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        return (getattr(batch, f.name) for f in dataclasses.fields(batch))
+    if isinstance(batch, (list, tuple)):
+        return batch
+    return None
+
+
 def tensor_bytes(batch: Any) -> int:
     """Bytes of all tensors in `batch` (what a host->device copy of it moves)."""
     if isinstance(batch, torch.Tensor):
         return batch.numel() * batch.element_size()
-    if isinstance(batch, Mapping):
-        values: Any = batch.values()
-    elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        values = (getattr(batch, f.name) for f in dataclasses.fields(batch))
-    elif isinstance(batch, (list, tuple)):
-        values = batch
-    else:
-        return 0
-    return sum(tensor_bytes(v) for v in values)
+    values = _children(batch)
+    return sum(tensor_bytes(v) for v in values) if values is not None else 0
 
 
 def first_tensor(batch: Any) -> torch.Tensor | None:
     """The first tensor met in `batch`, depth first, in the containers' own order."""
     if isinstance(batch, torch.Tensor):
         return batch
-    if isinstance(batch, Mapping):
-        values: Any = batch.values()
-    elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        values = (getattr(batch, f.name) for f in dataclasses.fields(batch))
-    elif isinstance(batch, (list, tuple)):
-        values = batch
-    else:
-        return None
-    for value in values:
+    for value in _children(batch) or ():
         found = first_tensor(value)
         if found is not None:
             return found
