@@ -46,7 +46,8 @@ def table_rows(outcome: SweepOutcome) -> tuple[list[str], list[tuple[TrialRow, l
     extra = list(dict.fromkeys(m for m in (*obj.metrics[1:], *(c.metric for c in obj.constraints),
                                            LOSS_VAL, STEP_TIME_MS, DATA_WAIT_PCT) if m != metric))
     extra += [m for m in QUALITY_METRICS if m not in extra and m != metric and any(m in t.metrics for t in outcome.trials)]
-    params = [p for p in QUALITY_PARAMS if any(p in t.params for t in outcome.trials)]
+    # lr_effective only where lr_scaling made it differ from the searched lr
+    params = [p for p in QUALITY_PARAMS if any(p in t.params and t.params[p] != t.params.get("lr") for t in outcome.trials)]
     head = ["rank", "trial", "status", *[_HEAD[c] for c in _COLUMNS], *params, metric, *extra]
     ranked = outcome.ranked()
     rest = [t for t in outcome.trials if t not in ranked]
