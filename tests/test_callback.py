@@ -86,11 +86,14 @@ def test_halting_interrupts_tune_through_its_sigint_handler_only_when_one_listen
 
     from sweeps.callback import _interrupt_tune
 
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    assert _interrupt_tune() is False  # no Tune listening: nothing is raised, the caller stops trials instead
     heard: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: heard.append(signum))
+    # a shell's background job starts with SIGINT ignored: set each handler the test needs explicitly
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
+        assert _interrupt_tune() is False  # no Tune listening: nothing is raised, the caller stops trials instead
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        assert _interrupt_tune() is False
+        signal.signal(signal.SIGINT, lambda signum, frame: heard.append(signum))
         assert _interrupt_tune() is True and heard == [signal.SIGINT]
     finally:
         signal.signal(signal.SIGINT, previous)
