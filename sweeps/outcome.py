@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sweeps.spec import SweepSpec
-from trainables.contract import EVALS, FINAL, STEPS, TARGET_BEST, TIME_TO_TARGET_S
+from trainables.contract import ELAPSED_S, EVALS, FINAL, STEPS, TARGET_BEST, TIME_TO_TARGET_S
 
 MEASURED = ("ok", "infeasible")  # ran to its final report: its figures are real (infeasible breaks a constraint)
 NOT_FAILED = (*MEASURED, "pruned", "stopped")  # ended early on purpose; nothing went wrong
@@ -49,6 +49,11 @@ def end_status(spec: SweepSpec, metrics: dict[str, Any], tripped: str, out_of_ti
         return "stopped", f"stopped early: {tripped}", []
     if out_of_time:
         return "stopped", f"the sweep's time budget ({spec.budget.time_budget_s:g}s) ran out", []
+    if spec.search.early_stopping is not None and obj.target is not None:
+        at, value = metrics.get(ELAPSED_S), metrics.get(obj.target.metric)
+        return "pruned", (f"stopped by ASHA after {at:.3g}s of training: {obj.target.metric}={value:.4g} was behind "
+                          "the others' at that time" if isinstance(at, (int, float)) and isinstance(value, (int, float))
+                          else "stopped by ASHA"), []
     if spec.search.early_stopping is not None:
         return "pruned", (f"stopped by ASHA after {metrics.get(STEPS)} measured steps: "
                           f"{obj.primary}={metrics.get(obj.primary, float('nan')):.4g} was behind the others"), []

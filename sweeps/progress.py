@@ -76,7 +76,7 @@ def progress_line(spec: SweepSpec, row: TrialRow, rows: list[TrialRow], elapsed:
         what += f" INFEASIBLE: {row.reason}" if row.status == "infeasible" else ""
     else:
         failed = row.status not in NOT_FAILED
-        what = f"{'FAILED' if failed else row.status.upper()} ({row.status}: {row.reason})"
+        what = f"FAILED ({row.status}: {row.reason})" if failed else f"{row.status.upper()} ({row.reason})"
     return ProgressLine(f"[trial {row.number}/{status.total}] {what} | {status.text()}", status)
 
 

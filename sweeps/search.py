@@ -28,7 +28,7 @@ from ray.tune.search import Searcher
 
 from sweeps.space import optuna_space
 from sweeps.spec import PARAMS_PREFIX, ConstraintSpec, SweepSpec, TargetSpec
-from trainables.contract import FINAL, STEPS, TIME_TO_TARGET_S
+from trainables.contract import ELAPSED_S, FINAL, STEPS, TIME_TO_TARGET_S
 
 logger = logging.getLogger(__name__)
 
@@ -224,16 +224,30 @@ def make_searcher(spec: SweepSpec, token: str) -> SweepSearch | None:
 
 def make_scheduler(spec: SweepSpec) -> TrialScheduler:
     """ASHA on measured steps when early stopping is on: every trial is compared with others at
-    the same number of steps (rungs at grace_steps * reduction_factor**k)."""
+    the same number of steps (rungs at grace_steps * reduction_factor**k). With a time-to-target
+    objective, on the target metric at the same training time (rungs at grace_s * reduction_factor**k
+    on the time-to-target clock, the report after each evaluation carries both): a trial whose
+    quality is behind the others' at equal time is unlikely to reach the target first."""
     es = spec.search.early_stopping
     if es is None:
         return FIFOScheduler()
+    target = spec.objective.target
+    if target is not None:
+        return ASHAScheduler(
+            time_attr=ELAPSED_S,
+            metric=target.metric,
+            mode="min" if target.max is not None else "max",
+            max_t=es.max_t,  # type: ignore[arg-type]  # seconds: Ray's rung arithmetic takes floats
+            grace_period=es.grace_s or 1.0,  # type: ignore[arg-type]  # (annotated int)
+            reduction_factor=es.reduction_factor,
+            stop_last_trials=False,  # past the top rung a trial runs on to its target or its budget
+        )
     return ASHAScheduler(
         time_attr=STEPS,
         metric=spec.objective.primary,
         mode=spec.objective.primary_mode,
         max_t=spec.budget.num_steps or 1,  # the spec allows ASHA with num_steps only
-        grace_period=es.grace_steps,
+        grace_period=es.grace_steps or 1,  # the spec gives grace_steps when there is no target
         reduction_factor=es.reduction_factor,
     )
 

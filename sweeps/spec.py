@@ -421,11 +421,28 @@ class ObjectiveSpec(BaseModel):
 
 
 class EarlyStoppingSpec(BaseModel):
-    """ASHA: at steps grace_steps * reduction_factor**k, keep the best 1/reduction_factor of trials."""
+    """ASHA: at rungs grace * reduction_factor**k, keep the best 1/reduction_factor of trials. The
+    grace is in measured steps, or, for a time-to-target objective, in seconds of training."""
 
     model_config = _STRICT
-    grace_steps: int = Field(ge=1, description="measured steps every trial runs before it may be stopped")
+    grace_steps: int | None = Field(default=None, ge=1, description="measured steps every trial runs before it "
+                                    "may be stopped (trials compared at equal steps)")
+    grace_s: float | None = Field(default=None, gt=0, description="with objective.target: seconds of training "
+                                  "(evaluations counted) before a trial may be stopped; trials are compared on the "
+                                  "target metric at equal training time")
     reduction_factor: int = Field(default=3, ge=2)
+
+    @model_validator(mode="after")
+    def _one_grace(self) -> EarlyStoppingSpec:
+        if (self.grace_steps is None) == (self.grace_s is None):
+            raise ValueError("give exactly one of grace_steps (measured steps) or grace_s (seconds of training, "
+                             "for a time-to-target objective)")
+        return self
+
+    @property
+    def max_t(self) -> float:
+        """With grace_s: the top rung (grace_s * reduction_factor**3); trials are never cut there."""
+        return float(self.grace_s or 0) * self.reduction_factor ** 3
 
 
 class SearchSpec(BaseModel):
@@ -612,20 +629,29 @@ class SweepSpec(BaseModel):
 
     @model_validator(mode="after")
     def _search(self) -> SweepSpec:
-        es = self.search.early_stopping
+        es, target = self.search.early_stopping, self.objective.target
         if es is not None and self.objective.multi:
             raise ValueError("search.early_stopping: ASHA ranks trials by one metric; remove it or use a single objective")
-        if es is not None and is_final_only(self.objective.primary):
+        if es is not None and target is not None and es.grace_s is None:
+            raise ValueError(f"search.early_stopping: with objective.target, ASHA compares trials on {target.metric} "
+                             "at equal training time; give grace_s (seconds of training before a trial may be "
+                             "stopped, e.g. a few evaluations' worth) instead of grace_steps")
+        if es is not None and target is None and es.grace_s is not None:
+            raise ValueError("search.early_stopping.grace_s is for a time-to-target objective (objective.target); "
+                             "use grace_steps (trials compared at equal measured steps)")
+        if es is not None and target is None and is_final_only(self.objective.primary):
             raise ValueError(f"search.early_stopping: ASHA compares trials on their progress reports, and "
                              f"{self.objective.primary} is only in a trial's final report (after validation); "
                              "stop early on a throughput objective, or remove early_stopping")
-        if es is not None and self.budget.num_steps is not None and es.grace_steps >= self.budget.num_steps:
+        if es is not None and self.budget.num_steps is not None and es.grace_steps is not None \
+                and es.grace_steps >= self.budget.num_steps:
             raise ValueError(f"search.early_stopping.grace_steps ({es.grace_steps}) must be below budget.num_steps "
                              f"({self.budget.num_steps}), or nothing is ever stopped")
-        if es is not None and self.budget.num_steps is None:
+        if es is not None and target is None and self.budget.num_steps is None:
             raise ValueError("search.early_stopping: ASHA compares trials at equal steps, which an equal-data budget "
-                             "does not give; use budget.num_steps with early stopping, or remove it")
-        target, b = self.objective.target, self.budget
+                             "does not give; use budget.num_steps with early stopping, add an objective.target "
+                             "(then trials are compared at equal training time, early_stopping.grace_s), or remove it")
+        b = self.budget
         if target is not None and b.eval_every_steps is None:
             raise ValueError("objective.target: set budget.eval_every_steps (how often each trial checks the target, "
                              "e.g. 20)")

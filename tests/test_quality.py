@@ -77,14 +77,23 @@ def test_time_to_target_stops_at_the_evaluation_that_meets_it(data_dir: Path) ->
     base = dict(workload="mlp-tabular", workload_params={}, precision="32", lr=3e-3, batch_size=64, num_steps=200,
                 num_warmup_steps=2, eval_every_steps=5, target_metric=contract.LOSS_VAL, telemetry_period_s=0,
                 data_dir=str(data_dir))
-    met = train(TrialConfig(target_max=0.6, **base), ListReporter(), CPU)  # type: ignore[arg-type]
+    quiet = ListReporter()
+    met = train(TrialConfig(target_max=0.6, **base), quiet, CPU)  # type: ignore[arg-type]
+    assert not any(contract.ELAPSED_S in r for r in quiet.reports)  # no report per evaluation unless asked
     assert met[contract.LOSS_VAL] <= 0.6
     assert met[contract.STEPS_TO_TARGET] % 5 == 0 and met[contract.STEPS_TO_TARGET] < 202
     assert met[contract.TIME_TO_TARGET_S] >= met[contract.EVAL_TOTAL_S] > 0
     assert met[contract.TARGET_BEST] == met[contract.LOSS_VAL]
-    missed = train(TrialConfig(target_max=1e-6, **{**base, "num_steps": 18}), ListReporter(), CPU)  # type: ignore[arg-type]
+    reporter = ListReporter()
+    missed = train(TrialConfig(target_max=1e-6, report_evals=True, **{**base, "num_steps": 18}), reporter, CPU)  # type: ignore[arg-type]
     assert contract.TIME_TO_TARGET_S not in missed and missed[contract.EVALS] == 4  # steps 5, 10, 15, 20
     assert missed[contract.TARGET_BEST] > 1e-6
+    # the report after each evaluation (step 20 is the last: its values are in the final one) carries the
+    # quality curve over the time-to-target clock, which ASHA compares trials on
+    curve = [(r[contract.ELAPSED_S], r[contract.LOSS_VAL]) for r in reporter.reports if contract.ELAPSED_S in r]
+    assert len(curve) == 3 and all(r[contract.FINAL] == 0 for r in reporter.reports[:-1])
+    assert [t for t, _ in curve] == sorted(t for t, _ in curve) and curve[0][0] > 0
+    assert min(v for _, v in curve) >= missed[contract.TARGET_BEST]
 
 
 

@@ -47,6 +47,21 @@ tracking: {{uri: "sqlite:///{db}", experiment: ttt}}
 storage_path: {storage}
 """
 
+ASHA_TTT = """\
+name: asha-ttt
+trainable: {{name: mlp-tabular}}
+space:
+  batch_size: 16
+  lr: {{type: categorical, choices: [1.0e-3, 1.0e-7]}}   # the second one barely moves: behind at every rung
+objective: {{metric: time/to_target_s, target: {{metric: loss/val, max: 0.17}}}}
+search: {{algorithm: grid, early_stopping: {{grace_s: 0.05, reduction_factor: 2}}}}
+budget: {{num_trials: 2, num_steps: 600, eval_every_steps: 10, num_warmup_steps: 2, report_interval_s: 0.5}}
+scaling: {{num_workers: 2, cpus_per_worker: 1}}
+telemetry: {{period_s: 0}}
+tracking: {{uri: "sqlite:///{db}", experiment: asha}}
+storage_path: {storage}
+"""
+
 
 def _children(db: Path, experiment: str, parent: str) -> list:
     client = MlflowClient(f"sqlite:///{db}")
@@ -86,3 +101,11 @@ def test_equal_data_then_time_to_target(ray_cluster: None, tmp_path: Path) -> No
         assert m["stats/grad_noise_scale"] > 0
         # leave-one-out: each trial's prediction comes from the other trial's S_min
         assert m["predict/time_to_target_s"] > 0
+
+    # ASHA on the same curve: at equal training time the lr=1e-7 trial's loss/val is behind: pruned
+    text = ASHA_TTT.format(db=tmp_path / "asha.db", storage=tmp_path / "asha")
+    outcome = run_sweep(parse_spec(text), text, echo=lambda line: None)
+    good, bad = outcome.trials
+    assert good.status == "ok" and good.metrics["loss/val"] <= 0.17, (good.status, good.reason)
+    assert bad.status == "pruned" and "stopped by ASHA after" in bad.reason and "loss/val=" in bad.reason, (bad.status, bad.reason)
+    assert bad.metrics["progress/steps"] < 600 and bad.metrics["loss/val"] > 0.17

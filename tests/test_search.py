@@ -156,6 +156,27 @@ def test_asha_compares_trials_at_equal_measured_steps() -> None:
     assert (scheduler._time_attr, scheduler._metric, scheduler._mode) == ("progress/steps", TPUT, "max")
 
 
+def test_asha_on_a_target_compares_the_quality_curve_at_equal_training_time() -> None:
+    from types import SimpleNamespace
+
+    from ray.tune.schedulers import TrialScheduler
+
+    text = SPEC.replace("num_steps: 5", "num_samples: 4096, eval_every_steps: 10") + (
+        "objective: {metric: time/to_target_s, target: {metric: loss/val, max: 0.5}}\n"
+        "search: {early_stopping: {grace_s: 1.0, reduction_factor: 2}}\n")
+    scheduler = make_scheduler(parse_spec(text))
+    assert (scheduler._time_attr, scheduler._metric, scheduler._mode) == ("time/elapsed_s", "loss/val", "min")
+    assert scheduler._stop_last_trials is False  # past the top rung (8 s) a trial runs on to its target
+    ahead, behind = SimpleNamespace(trial_id="a"), SimpleNamespace(trial_id="b")
+    for t in (ahead, behind):
+        scheduler.on_trial_add(None, t)
+    # a report between evaluations has no loss/val: nothing to compare, the trial continues
+    assert scheduler.on_trial_result(None, behind, {"time/elapsed_s": 5.0, TPUT: 9.0}) == TrialScheduler.CONTINUE
+    assert scheduler.on_trial_result(None, ahead, {"time/elapsed_s": 1.1, "loss/val": 2.0}) == TrialScheduler.CONTINUE
+    # at the 1 s rung the other trial's loss is worse: stopped
+    assert scheduler.on_trial_result(None, behind, {"time/elapsed_s": 1.2, "loss/val": 3.0}) == TrialScheduler.STOP
+
+
 def test_an_oom_bounds_the_batch_only_for_the_same_own_params() -> None:
     import uuid
 

@@ -99,6 +99,15 @@ BAD = {
                              "predict/time_to_target_s is computed by the sweep after its trials end"),
     "asha on equal data": (BASE.replace("num_steps: 5", "num_samples: 4096") + "search: {early_stopping: {grace_steps: 2}}\n",
                            "ASHA compares trials at equal steps, which an equal-data budget does not give"),
+    "asha grace in seconds without a target": (BASE + "search: {early_stopping: {grace_s: 2}}\n",
+                                               "search.early_stopping.grace_s is for a time-to-target objective"),
+    "asha grace in steps with a target": (BASE.replace("num_steps: 5", "num_steps: 5, eval_every_steps: 5")
+                                          + "objective: {metric: time/to_target_s, target: {metric: loss/val, max: 0.5}}\n"
+                                          + "search: {early_stopping: {grace_steps: 2}}\n",
+                                          "with objective.target, ASHA compares trials on loss/val at equal training "
+                                          "time; give grace_s"),
+    "asha with two graces": (BASE + "search: {early_stopping: {grace_steps: 2, grace_s: 2}}\n",
+                             "line 4: search.early_stopping: give exactly one of grace_steps"),
     "lr scaling rule": (BASE + "lr_scaling: {rule: cubic, reference_batch_size: 64}\n",
                         "lr_scaling.rule: Input should be 'linear', 'sqrt' or 'none'"),
     "lr scaling reference": (BASE + "lr_scaling: {rule: linear}\n", "lr_scaling.reference_batch_size: Field required"),

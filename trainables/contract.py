@@ -48,6 +48,7 @@ MEM_TOTAL_GIB = "memory/total_gib"
 # Quality (time-to-target, equal data, noise scale)
 GRAD_NOISE_SCALE = "stats/grad_noise_scale"  # B_simple = tr(Sigma)/|G|^2, in the workload's unit (EMA)
 TIME_TO_TARGET_S = "time/to_target_s"  # wall time from the first step to the evaluation that met the target
+ELAPSED_S = "time/elapsed_s"  # the same clock at each evaluation (with report_evals: ASHA's time with a target)
 STEPS_TO_TARGET = "progress/steps_to_target"  # optimizer steps (warm-up included) when the target was met
 TARGET_BEST = "quality/target_best"  # the best value of the target metric any evaluation reached
 EVAL_TOTAL_S = "time/eval_total_s"  # wall time spent in periodic evaluations (counted in time/to_target_s)
@@ -83,7 +84,7 @@ KNOWN_METRICS: tuple[str, ...] = tuple(
     + [energy_key(u) for u in THROUGHPUT_UNITS]
     + [LOSS_TRAIN, LOSS_VAL, STEP_TIME_MS, DATA_WAIT_PCT, TFLOPS, MFU_PCT, GPU_UTIL_MEAN_PCT, GPU_MEM_PEAK_GIB,
        GPU_POWER_MEAN_W, H2D_COPY_PCT, H2D_GB_PER_S, CPU_WORKER_PCT, CPU_LOADERS_PCT, CPU_CORES_USED, MEM_HEADROOM_GIB, LOOP_S,
-       GRAD_NOISE_SCALE, TIME_TO_TARGET_S, STEPS_TO_TARGET, TARGET_BEST, EVAL_TOTAL_S, EVALS,
+       GRAD_NOISE_SCALE, TIME_TO_TARGET_S, ELAPSED_S, STEPS_TO_TARGET, TARGET_BEST, EVAL_TOTAL_S, EVALS,
        PREDICT_TIME_TO_TARGET_S, PREDICT_ERROR_PCT, QUALITY_GAP_PCT]
     + [seen_key(u) for u in THROUGHPUT_UNITS]
 )
@@ -92,7 +93,8 @@ SWEEP_LEVEL_METRICS: tuple[str, ...] = (PREDICT_TIME_TO_TARGET_S, PREDICT_ERROR_
 
 
 def is_final_only(key: str) -> bool:
-    """A metric only the final report carries (it needs validation or the whole window)."""
+    """A metric only the final report carries (it needs validation or the whole window); with
+    `eval_every_steps` and `report_evals` they are also in the report after each evaluation."""
     return key in (LOSS_VAL, TFLOPS, MFU_PCT, LOOP_S, TIME_TO_TARGET_S, STEPS_TO_TARGET, TARGET_BEST, EVAL_TOTAL_S,
                    EVALS, *SWEEP_LEVEL_METRICS) or key.startswith(EVAL_PREFIX)
 
@@ -150,6 +152,7 @@ class TrialConfig:
     target_metric: str | None = None  # stop when an evaluation meets it: target_metric <= target_max / >= target_min
     target_max: float | None = None
     target_min: float | None = None
+    report_evals: bool = False  # a report after each periodic evaluation (its values, time/elapsed_s): ASHA's curve
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:

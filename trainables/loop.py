@@ -504,12 +504,15 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
                 scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
+            evaluated: dict[str, Any] = {}  # this step's evaluation, for the report after it
             if cfg.eval_every_steps and step % cfg.eval_every_steps == 0:  # same decision on every rank
                 where[:] = ["evaluate", step]
                 with timer.paused() as t_eval:
                     last_eval = _validate(model, wl, cfg, prec, device, pin, step_fn, count)
                     now = timer.now(sync=True)
                 evals, eval_s = evals + 1, eval_s + (now - t_eval)
+                if cfg.report_evals:  # the quality curve over the time-to-target clock, for ASHA
+                    evaluated = {**last_eval, contract.ELAPSED_S: now - train_t0}
                 value = last_eval.get(cfg.target_metric) if cfg.target_metric else None
                 if value is not None and math.isfinite(value):
                     better = (cfg.target_max is not None and value < target_best) or (
@@ -530,8 +533,9 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
                         if rank == 0:
                             _save_state(Path(tmp), model, optimizer, scaler, scheduler, total)
                         reporter.report(window_metrics(), checkpoint_dir=tmp if rank == 0 else None)
-                elif timer.steps % report_every == 0 and total < plan[0]:
-                    reporter.report(window_metrics())
+                elif (evaluated or timer.steps % report_every == 0) and total < plan[0]:
+                    # with report_evals, after each evaluation too: the curve ASHA compares trials on
+                    reporter.report({**window_metrics(), **evaluated})
             if reached is not None:
                 break
         where[:] = ["final"]
