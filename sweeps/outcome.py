@@ -49,7 +49,7 @@ def end_status(spec: SweepSpec, metrics: dict[str, Any], tripped: str, out_of_ti
         return "stopped", f"stopped early: {tripped}", []
     if out_of_time:
         return "stopped", f"the sweep's time budget ({spec.budget.time_budget_s:g}s) ran out", []
-    if spec.search.early_stopping is not None and obj.target is not None:
+    if spec.search.early_stopping is not None and obj.target is not None and obj.time_to_target:
         at, value = metrics.get(ELAPSED_S), metrics.get(obj.target.metric)
         return "pruned", (f"stopped by ASHA after {at:.3g}s of training: {obj.target.metric}={value:.4g} was behind "
                           "the others' at that time" if isinstance(at, (int, float)) and isinstance(value, (int, float))

@@ -232,7 +232,7 @@ def make_scheduler(spec: SweepSpec) -> TrialScheduler:
     if es is None:
         return FIFOScheduler()
     target = spec.objective.target
-    if target is not None:
+    if target is not None and spec.objective.time_to_target:
         return ASHAScheduler(
             time_attr=ELAPSED_S,
             metric=target.metric,
@@ -241,6 +241,8 @@ def make_scheduler(spec: SweepSpec) -> TrialScheduler:
             grace_period=es.grace_s or 1.0,  # type: ignore[arg-type]  # (annotated int)
             reduction_factor=es.reduction_factor,
             stop_last_trials=False,  # past the top rung a trial runs on to its target or its budget
+            # a trial is recorded at the highest rung its first report past it reaches: grace_s should
+            # span several evaluations of the slowest-evaluating trial, or a late report is compared
         )
     return ASHAScheduler(
         time_attr=STEPS,

@@ -56,7 +56,7 @@ def resolve_trial(spec: SweepSpec, sampled: dict[str, Any], metrics_path: str | 
         target_max=target.max if target is not None else None,
         target_min=target.min if target is not None else None,
         # ASHA on the target's curve needs a report after each evaluation; otherwise none (each is a barrier)
-        report_evals=target is not None and spec.search.early_stopping is not None,
+        report_evals=spec.objective.time_to_target and spec.search.early_stopping is not None,
         num_dataloader_workers=int(knobs["num_dataloader_workers"]),
         pin_memory=bool(knobs["pin_memory"]),
         prefetch_factor=int(knobs["prefetch_factor"]),

@@ -403,6 +403,11 @@ class ObjectiveSpec(BaseModel):
         return self.metrics[0]
 
     @property
+    def time_to_target(self) -> bool:
+        """Ranked by time to a target: ASHA then compares the target metric at equal training time."""
+        return self.target is not None and self.primary == TIME_TO_TARGET_S
+
+    @property
     def primary_mode(self) -> str:
         return self.modes[0]
 
@@ -441,8 +446,10 @@ class EarlyStoppingSpec(BaseModel):
 
     @property
     def max_t(self) -> float:
-        """With grace_s: the top rung (grace_s * reduction_factor**3); trials are never cut there."""
-        return float(self.grace_s or 0) * self.reduction_factor ** 3
+        """With grace_s, ASHA's max_t: four rungs, at grace_s * reduction_factor**k for k = 0..3 (the
+        top one cuts too); past it a trial runs on to its target or budget. The factor keeps Ray's
+        float rung count (log(max_t/grace)/log(rf) + 1) from rounding down to three."""
+        return float(self.grace_s or 0) * self.reduction_factor ** 3 * (1 + 1e-9)
 
 
 class SearchSpec(BaseModel):
@@ -629,17 +636,18 @@ class SweepSpec(BaseModel):
 
     @model_validator(mode="after")
     def _search(self) -> SweepSpec:
-        es, target = self.search.early_stopping, self.objective.target
+        es, target, ttt = self.search.early_stopping, self.objective.target, self.objective.time_to_target
         if es is not None and self.objective.multi:
             raise ValueError("search.early_stopping: ASHA ranks trials by one metric; remove it or use a single objective")
-        if es is not None and target is not None and es.grace_s is None:
+        if es is not None and ttt and es.grace_s is None and target is not None:
             raise ValueError(f"search.early_stopping: with objective.target, ASHA compares trials on {target.metric} "
                              "at equal training time; give grace_s (seconds of training before a trial may be "
-                             "stopped, e.g. a few evaluations' worth) instead of grace_steps")
-        if es is not None and target is None and es.grace_s is not None:
-            raise ValueError("search.early_stopping.grace_s is for a time-to-target objective (objective.target); "
-                             "use grace_steps (trials compared at equal measured steps)")
-        if es is not None and target is None and is_final_only(self.objective.primary):
+                             "stopped, several evaluations' worth of the slowest trial) instead of grace_steps")
+        if es is not None and not ttt and es.grace_s is not None:
+            raise ValueError("search.early_stopping.grace_s is for a time-to-target objective (metric "
+                             "time/to_target_s with objective.target); use grace_steps (trials compared at equal "
+                             "measured steps)")
+        if es is not None and not ttt and is_final_only(self.objective.primary):
             raise ValueError(f"search.early_stopping: ASHA compares trials on their progress reports, and "
                              f"{self.objective.primary} is only in a trial's final report (after validation); "
                              "stop early on a throughput objective, or remove early_stopping")
@@ -647,7 +655,7 @@ class SweepSpec(BaseModel):
                 and es.grace_steps >= self.budget.num_steps:
             raise ValueError(f"search.early_stopping.grace_steps ({es.grace_steps}) must be below budget.num_steps "
                              f"({self.budget.num_steps}), or nothing is ever stopped")
-        if es is not None and target is None and self.budget.num_steps is None:
+        if es is not None and not ttt and self.budget.num_steps is None:
             raise ValueError("search.early_stopping: ASHA compares trials at equal steps, which an equal-data budget "
                              "does not give; use budget.num_steps with early stopping, add an objective.target "
                              "(then trials are compared at equal training time, early_stopping.grace_s), or remove it")

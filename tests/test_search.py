@@ -167,6 +167,7 @@ def test_asha_on_a_target_compares_the_quality_curve_at_equal_training_time() ->
     scheduler = make_scheduler(parse_spec(text))
     assert (scheduler._time_attr, scheduler._metric, scheduler._mode) == ("time/elapsed_s", "loss/val", "min")
     assert scheduler._stop_last_trials is False  # past the top rung (8 s) a trial runs on to its target
+    assert sorted(m for m, _ in scheduler._brackets[0]._rungs) == [1.0, 2.0, 4.0, 8.0]
     ahead, behind = SimpleNamespace(trial_id="a"), SimpleNamespace(trial_id="b")
     for t in (ahead, behind):
         scheduler.on_trial_add(None, t)
@@ -175,6 +176,14 @@ def test_asha_on_a_target_compares_the_quality_curve_at_equal_training_time() ->
     assert scheduler.on_trial_result(None, ahead, {"time/elapsed_s": 1.1, "loss/val": 2.0}) == TrialScheduler.CONTINUE
     # at the 1 s rung the other trial's loss is worse: stopped
     assert scheduler.on_trial_result(None, behind, {"time/elapsed_s": 1.2, "loss/val": 3.0}) == TrialScheduler.STOP
+
+
+def test_a_target_with_another_objective_keeps_asha_on_steps() -> None:
+    text = SPEC.replace("num_steps: 5", "num_steps: 50, eval_every_steps: 10") + (
+        "objective: {metric: throughput/samples_per_s, target: {metric: loss/val, max: 0.5}}\n"
+        "search: {early_stopping: {grace_steps: 10, reduction_factor: 3}}\n")
+    scheduler = make_scheduler(parse_spec(text))
+    assert (scheduler._time_attr, scheduler._metric) == ("progress/steps", TPUT)
 
 
 def test_an_oom_bounds_the_batch_only_for_the_same_own_params() -> None:

@@ -106,6 +106,8 @@ BAD = {
                                           + "search: {early_stopping: {grace_steps: 2}}\n",
                                           "with objective.target, ASHA compares trials on loss/val at equal training "
                                           "time; give grace_s"),
+    "rank by the elapsed clock": (BASE.replace("num_steps: 5", "num_steps: 5, eval_every_steps: 5")
+                                  + "objective: {metric: time/elapsed_s, mode: min}\n", "unknown metric 'time/elapsed_s'"),
     "asha with two graces": (BASE + "search: {early_stopping: {grace_steps: 2, grace_s: 2}}\n",
                              "line 4: search.early_stopping: give exactly one of grace_steps"),
     "lr scaling rule": (BASE + "lr_scaling: {rule: cubic, reference_batch_size: 64}\n",

@@ -77,14 +77,15 @@ def seen_key(unit: str) -> str:
     return f"progress/{unit}_seen"
 
 
-# Every metric the loop can report; a spec's objective must name one of these.
+# Every metric the loop can report; a spec's objective must name one of these (not time/elapsed_s:
+# only interim reports carry it, so no trial could be ranked by it).
 KNOWN_METRICS: tuple[str, ...] = tuple(
     [throughput_key(u) for u in THROUGHPUT_UNITS]
     + [per_worker_throughput_key(u) for u in THROUGHPUT_UNITS]
     + [energy_key(u) for u in THROUGHPUT_UNITS]
     + [LOSS_TRAIN, LOSS_VAL, STEP_TIME_MS, DATA_WAIT_PCT, TFLOPS, MFU_PCT, GPU_UTIL_MEAN_PCT, GPU_MEM_PEAK_GIB,
        GPU_POWER_MEAN_W, H2D_COPY_PCT, H2D_GB_PER_S, CPU_WORKER_PCT, CPU_LOADERS_PCT, CPU_CORES_USED, MEM_HEADROOM_GIB, LOOP_S,
-       GRAD_NOISE_SCALE, TIME_TO_TARGET_S, ELAPSED_S, STEPS_TO_TARGET, TARGET_BEST, EVAL_TOTAL_S, EVALS,
+       GRAD_NOISE_SCALE, TIME_TO_TARGET_S, STEPS_TO_TARGET, TARGET_BEST, EVAL_TOTAL_S, EVALS,
        PREDICT_TIME_TO_TARGET_S, PREDICT_ERROR_PCT, QUALITY_GAP_PCT]
     + [seen_key(u) for u in THROUGHPUT_UNITS]
 )
@@ -94,7 +95,7 @@ SWEEP_LEVEL_METRICS: tuple[str, ...] = (PREDICT_TIME_TO_TARGET_S, PREDICT_ERROR_
 
 def is_final_only(key: str) -> bool:
     """A metric only the final report carries (it needs validation or the whole window); with
-    `eval_every_steps` and `report_evals` they are also in the report after each evaluation."""
+    `report_evals`, loss/val and eval/* are also in the report after each measured evaluation."""
     return key in (LOSS_VAL, TFLOPS, MFU_PCT, LOOP_S, TIME_TO_TARGET_S, STEPS_TO_TARGET, TARGET_BEST, EVAL_TOTAL_S,
                    EVALS, *SWEEP_LEVEL_METRICS) or key.startswith(EVAL_PREFIX)
 
