@@ -231,26 +231,27 @@ def make_scheduler(spec: SweepSpec) -> TrialScheduler:
     es = spec.search.early_stopping
     if es is None:
         return FIFOScheduler()
-    target = spec.objective.target
-    if target is not None and spec.objective.time_to_target:
-        return ASHAScheduler(
-            time_attr=ELAPSED_S,
-            metric=target.metric,
-            mode="min" if target.max is not None else "max",
-            max_t=es.max_t,  # type: ignore[arg-type]  # seconds: Ray's rung arithmetic takes floats
-            grace_period=es.grace_s or 1.0,  # type: ignore[arg-type]  # (annotated int)
-            reduction_factor=es.reduction_factor,
-            stop_last_trials=False,  # past the top rung a trial runs on to its target or its budget
-            # a trial is recorded at the highest rung its first report past it reaches: grace_s should
-            # span several evaluations of the slowest-evaluating trial, or a late report is compared
-        )
+    obj = spec.objective
+    if obj.target is not None and obj.time_to_target:
+        # seconds: four rungs, grace_s * rf**k for k = 0..3 (the top one cuts too); the factor keeps Ray's
+        # float rung count, int(log(max_t / grace) / log(rf) + 1), from rounding down to three. A trial
+        # is recorded at the highest rung its first report past it reaches: grace_s should span several
+        # evaluations of the slowest-evaluating trial, or a late report is compared with on-time ones.
+        grace: float = es.grace_s or 1.0  # the spec gives grace_s for a time-to-target objective
+        time_attr, metric, mode = ELAPSED_S, obj.target.metric, "min" if obj.target.max is not None else "max"
+        max_t, last = grace * es.reduction_factor ** 3 * (1 + 1e-9), False  # past the top rung a trial runs on
+    else:
+        grace = es.grace_steps or 1  # the spec gives grace_steps otherwise, and num_steps
+        time_attr, metric, mode = STEPS, obj.primary, obj.primary_mode
+        max_t, last = spec.budget.num_steps or 1, True
     return ASHAScheduler(
-        time_attr=STEPS,
-        metric=spec.objective.primary,
-        mode=spec.objective.primary_mode,
-        max_t=spec.budget.num_steps or 1,  # the spec allows ASHA with num_steps only
-        grace_period=es.grace_steps or 1,  # the spec gives grace_steps when there is no target
+        time_attr=time_attr,
+        metric=metric,
+        mode=mode,
+        max_t=max_t,  # type: ignore[arg-type]  # seconds are floats: Ray's rung arithmetic takes them
+        grace_period=grace,  # type: ignore[arg-type]  # (annotated int)
         reduction_factor=es.reduction_factor,
+        stop_last_trials=last,
     )
 
 

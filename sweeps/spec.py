@@ -444,13 +444,6 @@ class EarlyStoppingSpec(BaseModel):
                              "for a time-to-target objective)")
         return self
 
-    @property
-    def max_t(self) -> float:
-        """With grace_s, ASHA's max_t: four rungs, at grace_s * reduction_factor**k for k = 0..3 (the
-        top one cuts too); past it a trial runs on to its target or budget. The factor keeps Ray's
-        float rung count (log(max_t/grace)/log(rf) + 1) from rounding down to three."""
-        return float(self.grace_s or 0) * self.reduction_factor ** 3 * (1 + 1e-9)
-
 
 class SearchSpec(BaseModel):
     model_config = _STRICT

@@ -29,6 +29,8 @@ STEP_TIME_MS = "time/step_ms"
 DATA_WAIT_PCT = "time/data_wait_pct"
 STEPS = "progress/steps"
 LOOP_S = "time/loop_total_s"  # the loop's own wall time: build, data, warm-up, measured steps, validation
+WARMUP_S = "time/warmup_s"  # the loop's wall time before the measured window: build, loader start, compile, warm-up steps
+WINDOW_S = "time/window_s"  # the measured window's length (max over ranks, periodic evaluations left out)
 RESTORED_FROM = "progress/restored_from_step"  # measured steps a crashed attempt had done (resumed from them)
 CHECKPOINT_FILE = "state.pt"
 FINAL = "progress/final"  # 1 in the trial's last report (after validation), 0 in progress reports
@@ -72,6 +74,11 @@ def per_worker_throughput_key(unit: str) -> str:
     return f"throughput/{unit}_per_s_per_worker"
 
 
+def throughput_cv_key(unit: str) -> str:
+    """The throughput's spread over the measured window's sub-windows: stdev / mean, in % (final report)."""
+    return f"throughput/{unit}_per_s_cv_pct"
+
+
 def seen_key(unit: str) -> str:
     """Items trained on, all ranks, warm-up included (what an equal-data budget equalises)."""
     return f"progress/{unit}_seen"
@@ -82,9 +89,11 @@ def seen_key(unit: str) -> str:
 KNOWN_METRICS: tuple[str, ...] = tuple(
     [throughput_key(u) for u in THROUGHPUT_UNITS]
     + [per_worker_throughput_key(u) for u in THROUGHPUT_UNITS]
+    + [throughput_cv_key(u) for u in THROUGHPUT_UNITS]
     + [energy_key(u) for u in THROUGHPUT_UNITS]
     + [LOSS_TRAIN, LOSS_VAL, STEP_TIME_MS, DATA_WAIT_PCT, TFLOPS, MFU_PCT, GPU_UTIL_MEAN_PCT, GPU_MEM_PEAK_GIB,
        GPU_POWER_MEAN_W, H2D_COPY_PCT, H2D_GB_PER_S, CPU_WORKER_PCT, CPU_LOADERS_PCT, CPU_CORES_USED, MEM_HEADROOM_GIB, LOOP_S,
+       WARMUP_S, WINDOW_S,
        GRAD_NOISE_SCALE, TIME_TO_TARGET_S, STEPS_TO_TARGET, TARGET_BEST, EVAL_TOTAL_S, EVALS,
        PREDICT_TIME_TO_TARGET_S, PREDICT_ERROR_PCT, QUALITY_GAP_PCT]
     + [seen_key(u) for u in THROUGHPUT_UNITS]
@@ -96,8 +105,9 @@ SWEEP_LEVEL_METRICS: tuple[str, ...] = (PREDICT_TIME_TO_TARGET_S, PREDICT_ERROR_
 def is_final_only(key: str) -> bool:
     """A metric only the final report carries (it needs validation or the whole window); with
     `report_evals`, loss/val and eval/* are also in the report after each measured evaluation."""
-    return key in (LOSS_VAL, TFLOPS, MFU_PCT, LOOP_S, TIME_TO_TARGET_S, STEPS_TO_TARGET, TARGET_BEST, EVAL_TOTAL_S,
-                   EVALS, *SWEEP_LEVEL_METRICS) or key.startswith(EVAL_PREFIX)
+    return key in (LOSS_VAL, TFLOPS, MFU_PCT, LOOP_S, WARMUP_S, WINDOW_S, TIME_TO_TARGET_S, STEPS_TO_TARGET,
+                   TARGET_BEST, EVAL_TOTAL_S, EVALS, *SWEEP_LEVEL_METRICS,
+                   *[throughput_cv_key(u) for u in THROUGHPUT_UNITS]) or key.startswith(EVAL_PREFIX)
 
 
 def is_known_metric(key: str) -> bool:
