@@ -70,6 +70,7 @@ def resolve_trial(spec: SweepSpec, sampled: dict[str, Any], metrics_path: str | 
         num_steps=num_steps,
         num_warmup_steps=spec.budget.num_warmup_steps,
         report_interval_s=spec.budget.report_interval_s,
+        min_window_s=b.window_s(spec.scaling.use_gpu) if target is None else 0.0,  # a target sets the length
         loader_timeout_s=spec.budget.loader_timeout_s,
         collective_timeout_s=spec.budget.collective_timeout_s,
         checkpoint_every_steps=spec.budget.checkpoint_every_steps,
@@ -111,6 +112,7 @@ def trial_params(spec: SweepSpec, cfg: TrialConfig) -> dict[str, Any]:
         "workload": cfg.workload,
         "num_steps": cfg.num_steps if not cfg.num_items else None,  # an item budget's steps are in the metrics
         "num_warmup_steps": cfg.num_warmup_steps,
+        "min_window_s": cfg.min_window_s or None,  # the steps actually run are progress/steps
         "seed": cfg.seed,
     }
     if spec.budget.item_unit is not None:

@@ -455,6 +455,9 @@ class SearchSpec(BaseModel):
                                    "workers); larger batches are never run")
 
 
+GPU_MIN_WINDOW_S = 10.0
+
+
 class BudgetSpec(BaseModel):
     model_config = _STRICT
     num_trials: int = Field(ge=1, le=10_000)
@@ -467,6 +470,9 @@ class BudgetSpec(BaseModel):
     eval_every_steps: int | None = Field(default=None, ge=1, description="evaluate on the validation set every this "
                                          "many optimizer steps (needed by objective.target)")
     num_warmup_steps: int = Field(default=5, ge=0)
+    min_window_s: float | None = Field(default=None, ge=0, description="with num_steps: each trial's measured window "
+                                       "lasts at least this long, running more steps than num_steps if needed (the "
+                                       "number run is logged as progress/steps); default 10 on GPU, 0 on CPU")
     report_interval_s: float = Field(default=10.0, gt=0)
     max_retries: int = Field(default=1, ge=0, description="re-runs of a trial whose worker or node died "
                              "(transient); other failures are final")
@@ -488,10 +494,21 @@ class BudgetSpec(BaseModel):
             raise ValueError("give exactly one trial length: num_steps (equal steps, for throughput), or num_samples "
                              "/ num_tokens (equal data: loss and time to target comparable across batch sizes)"
                              + (f"; got {' and '.join(given)}" if given else ""))
+        if self.num_steps is None and self.min_window_s:
+            raise ValueError(f"min_window_s: {self.min_window_s:g} has no effect with {given[0]}: an equal-data budget "
+                             "sets each trial's length (its data, not the clock); remove min_window_s, or use num_steps")
         if self.num_steps is None and self.num_warmup_steps < 1:
             raise ValueError(f"{given[0]} plans each trial's steps from its warm-up's items per step: "
                              "num_warmup_steps must be >= 1")
         return self
+
+    def window_s(self, use_gpu: bool) -> float:
+        """The measured window's least length: as given, else 10 s on GPU (a GPU step takes milliseconds:
+        a window of a few steps is shorter than two telemetry samples) and 0 on CPU (a CPU step takes
+        tens of milliseconds or more, so num_steps already spans seconds). An equal-data budget rules."""
+        if self.num_items:
+            return 0.0
+        return self.min_window_s if self.min_window_s is not None else (GPU_MIN_WINDOW_S if use_gpu else 0.0)
 
     @property
     def num_items(self) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -106,3 +107,27 @@ def test_divergence_is_detected_and_never_reported_as_a_number(data_dir: Path) -
         train(_cfg(data_dir, workload="mlp-tabular", workload_params={}, lr=1e12, num_steps=40), rep, CPU)
     assert all(contract.is_metric(k, v) for r in rep.reports for k, v in r.items() if k.startswith("loss/"))
     assert not contract.is_metric("loss/train", float("nan")) and not contract.is_metric("loss/train", float("inf"))
+
+
+@pytest.mark.parametrize("warmup", [3, 1])  # calibrated from warm-up's step time; without one, extended at the end
+def test_the_measured_window_lasts_min_window_s_and_reports_its_spread(data_dir: Path, warmup: int) -> None:
+    cfg = _cfg(data_dir, workload="mlp-tabular", workload_params={}, num_steps=2, num_warmup_steps=warmup,
+               min_window_s=0.6, report_interval_s=10.0, telemetry_period_s=0)
+    final = train(cfg, ListReporter(), CPU)
+    assert final[contract.WINDOW_S] >= 0.6 and final[contract.STEPS] > 2  # more steps than num_steps, logged
+    cv = final[contract.throughput_cv_key("samples")]
+    assert contract.is_metric(contract.throughput_cv_key("samples"), cv) and 0 <= cv < 100
+    assert 0 < final[contract.WARMUP_S] < final[contract.LOOP_S]
+    short = train(dataclasses.replace(cfg, min_window_s=0.0), ListReporter(), CPU)
+    assert short[contract.STEPS] == 2 and contract.throughput_cv_key("samples") not in short  # < 3 sub-windows
+
+
+def test_take_items_cuts_every_tensor_or_refuses() -> None:
+    from trainables.batches import take_items
+
+    x, y = torch.zeros(8, 3), torch.arange(8)
+    cut = take_items({"x": x, "y": (y, torch.tensor(1.0))}, 8, 5)
+    assert cut["x"].shape == (5, 3) and cut["y"][0].tolist() == [0, 1, 2, 3, 4] and cut["y"][1].dim() == 0
+    assert take_items((x, y), 80, 1)[0].shape[0] == 2  # tokens: whole samples; BatchNorm needs two
+    assert take_items((x, torch.zeros(4)), 8, 5) is None  # leading sizes differ: not a per-sample batch
+    assert take_items(["text"], 8, 5) is None

@@ -71,6 +71,13 @@ def test_an_equal_data_budget_gives_every_batch_size_the_same_samples(data_dir: 
     large = train(TrialConfig(batch_size=128, grad_accum_steps=1, **base), ListReporter(), CPU)  # type: ignore[arg-type]
     assert small[contract.seen_key("samples")] == large[contract.seen_key("samples")] == 4096
     assert (small[contract.STEPS], large[contract.STEPS]) == (4096 // 32 - 2, 4096 // 128 - 2)
+    # a budget no global batch divides: the last step takes only what completes it (fewer micro-batches,
+    # the last one cut), so 32 x 4 accumulated and 100 x 1 see exactly the budget too
+    odd = {**base, "num_items": 1000}
+    accum = train(TrialConfig(batch_size=32, grad_accum_steps=4, **odd), ListReporter(), CPU)  # type: ignore[arg-type]
+    wide = train(TrialConfig(batch_size=100, **odd), ListReporter(), CPU)  # type: ignore[arg-type]
+    assert accum[contract.seen_key("samples")] == wide[contract.seen_key("samples")] == 1000
+    assert (accum[contract.STEPS], wide[contract.STEPS]) == (6, 8)  # 2 warm-up + 6 (the last 24 samples); 2 + 8
 
 
 def test_time_to_target_stops_at_the_evaluation_that_meets_it(data_dir: Path) -> None:

@@ -110,6 +110,11 @@ BAD = {
                                   + "objective: {metric: time/elapsed_s, mode: min}\n", "unknown metric 'time/elapsed_s'"),
     "asha with two graces": (BASE + "search: {early_stopping: {grace_steps: 2, grace_s: 2}}\n",
                              "line 4: search.early_stopping: give exactly one of grace_steps"),
+    "min window with equal data": (BASE.replace("num_steps: 5", "num_samples: 4096, min_window_s: 10"),
+                                   "budget: min_window_s: 10 has no effect with num_samples: an equal-data budget sets "
+                                   "each trial's length"),
+    "negative min window": (BASE.replace("num_steps: 5", "num_steps: 5, min_window_s: -1"),
+                            "budget.min_window_s: Input should be greater than or equal to 0"),
     "lr scaling rule": (BASE + "lr_scaling: {rule: cubic, reference_batch_size: 64}\n",
                         "lr_scaling.rule: Input should be 'linear', 'sqrt' or 'none'"),
     "lr scaling reference": (BASE + "lr_scaling: {rule: linear}\n", "lr_scaling.reference_batch_size: Field required"),
@@ -165,3 +170,14 @@ def test_a_trial_larger_than_a_fixed_cluster_is_refused_before_it_runs() -> None
     refuse_if_never_fits(spec, {"CPU": 4.0})
     with pytest.raises(SpecError, match="needs 2 GPUs but this cluster has 0"):
         refuse_if_never_fits(parse_spec(BASE + "scaling: {use_gpu: true}\n"), {"CPU": 8.0})
+
+
+def test_min_window_defaults_to_ten_seconds_on_gpu_and_off_on_cpu() -> None:
+    from sweeps.space import resolve_trial
+
+    cpu = parse_spec(BASE)
+    gpu = parse_spec(BASE + "scaling: {use_gpu: true, num_workers: 1}\n")
+    given = parse_spec(BASE.replace("num_steps: 5", "num_steps: 5, min_window_s: 3.5"))
+    assert [resolve_trial(s, {}).min_window_s for s in (cpu, gpu, given)] == [0.0, 10.0, 3.5]
+    data = parse_spec(BASE.replace("num_steps: 5", "num_samples: 4096") + "scaling: {use_gpu: true, num_workers: 1}\n")
+    assert resolve_trial(data, {}).min_window_s == 0.0  # the data budget rules

@@ -7,6 +7,7 @@ A batch may be a tensor, a tuple/list (named tuples too), a mapping (dict, Huggi
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 import re
 from collections.abc import Callable, Mapping
@@ -26,28 +27,37 @@ def move_to_device(batch: Any, device: torch.device, non_blocking: bool = False,
     """`batch` with every tensor in it on `device`, the containers rebuilt as they were.
 
     `channels_last` puts 4-D floating-point tensors (images) in channels-last memory format."""
-    if isinstance(batch, torch.Tensor):
-        moved = batch.to(device, non_blocking=non_blocking)
+
+    def move(t: torch.Tensor) -> torch.Tensor:
+        moved = t.to(device, non_blocking=non_blocking)
         if channels_last and moved.dim() == 4 and moved.is_floating_point():
             moved = moved.contiguous(memory_format=torch.channels_last)
         return moved
 
-    def move(value: Any) -> Any:
-        return move_to_device(value, device, non_blocking, channels_last)
+    return map_tensors(batch, move)
+
+
+def map_tensors(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """`batch` with `fn` applied to every tensor in it, the containers rebuilt as they were."""
+    if isinstance(batch, torch.Tensor):
+        return fn(batch)
+
+    def each(value: Any) -> Any:
+        return map_tensors(value, fn)
 
     if isinstance(batch, Mapping):
-        items = {k: move(v) for k, v in batch.items()}
+        items = {k: each(v) for k, v in batch.items()}
         try:
             return type(batch)(items)  # type: ignore[call-arg]  # dict subclasses, BatchEncoding, OrderedDict
         except TypeError:  # e.g. defaultdict: its first argument is the factory
             return items
     if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        return dataclasses.replace(batch, **{f.name: move(getattr(batch, f.name))
+        return dataclasses.replace(batch, **{f.name: each(getattr(batch, f.name))
                                              for f in dataclasses.fields(batch) if f.init})
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # named tuple
-        return type(batch)(*(move(v) for v in batch))
+        return type(batch)(*(each(v) for v in batch))
     if isinstance(batch, (list, tuple)):
-        return type(batch)(move(v) for v in batch)
+        return type(batch)(each(v) for v in batch)
     return batch  # numbers, strings, None: left as they are
 
 
@@ -79,6 +89,28 @@ def first_tensor(batch: Any) -> torch.Tensor | None:
         if found is not None:
             return found
     return None
+
+
+def take_items(batch: Any, n: int, need: int) -> Any | None:
+    """The first samples of `batch` (which holds `n` items) that make up about `need` items: every tensor
+    cut along its leading (sample) dimension, the containers rebuilt. None where the batch cannot be cut
+    that way (tensors whose leading sizes differ, no tensor at all): then it is used whole.
+
+    Items are assumed evenly spread over samples (exact for samples, one sample's tokens for tokens);
+    at least 2 samples are kept where the batch has them (BatchNorm refuses one in training)."""
+    lead = first_tensor(batch)
+    if lead is None or lead.dim() == 0 or not _leading_sizes_agree(batch, int(lead.shape[0])):
+        return None
+    samples = int(lead.shape[0])
+    keep = min(samples, max(min(2, samples), math.ceil(samples * need / n)))
+    return batch if keep == samples else map_tensors(batch, lambda t: t[:keep] if t.dim() > 0 else t)
+
+
+def _leading_sizes_agree(batch: Any, size: int) -> bool:
+    if isinstance(batch, torch.Tensor):
+        return batch.dim() == 0 or int(batch.shape[0]) == size
+    values = _children(batch)
+    return all(_leading_sizes_agree(v, size) for v in values) if values is not None else True
 
 
 def default_counter(items_per_sample: int) -> CountFn:

@@ -164,6 +164,7 @@ class TrialConfig:
     target_max: float | None = None
     target_min: float | None = None
     report_evals: bool = False  # a report after each periodic evaluation (its values, time/elapsed_s): ASHA's curve
+    min_window_s: float = 0.0  # the measured window lasts at least this long (more steps than num_steps if needed)
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -178,6 +179,8 @@ class TrialConfig:
             raise ValueError("max_grad_norm and lr_warmup_steps must be >= 0 (0: off)")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"lr_schedule {self.lr_schedule!r} is not one of {list(LR_SCHEDULES)}")
+        if not self.min_window_s >= 0:
+            raise ValueError(f"min_window_s must be >= 0 (0: num_steps alone sets the length), got {self.min_window_s}")
         if self.num_items < 0 or self.eval_every_steps < 0:
             raise ValueError("num_items and eval_every_steps must be >= 0 (0: off)")
         if self.num_items and self.num_warmup_steps < 1:

@@ -48,6 +48,9 @@ def _parse(argv: list[str] | None) -> tuple[Path | None, TrialConfig]:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--num-steps", type=int, default=50)
     p.add_argument("--num-warmup-steps", type=int, default=5)
+    p.add_argument("--min-window-s", type=float, default=0.0,
+                   help="the measured window lasts at least this long: more steps than --num-steps if needed "
+                   "(the sweep's budget.min_window_s; 10 is its GPU default)")
     p.add_argument("--num-dataloader-workers", type=int, default=0)
     p.add_argument("--pin-memory", action="store_true")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
@@ -99,6 +102,7 @@ def _parse(argv: list[str] | None) -> tuple[Path | None, TrialConfig]:
         checkpoint_every_steps=a.checkpoint_every_steps, grad_accum_steps=a.grad_accum_steps,
         max_grad_norm=a.max_grad_norm, lr_warmup_steps=a.lr_warmup_steps, lr_schedule=a.lr_schedule,
         tf32_under_autocast=a.tf32_under_autocast, num_items=a.num_items, eval_every_steps=a.eval_every_steps,
+        min_window_s=a.min_window_s,
         grad_noise_scale=a.grad_noise_scale, **target,
     )
 

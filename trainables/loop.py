@@ -8,7 +8,16 @@ LR schedule -> zero_grad(set_to_none=True).
 
 Host syncs: none per step on the loop's side (losses accumulate on the device; items are counted
 on the host copy of the batch). They happen at the warm-up boundaries (to time a real step), at
-each report (every `report_every` steps, agreed by all ranks) and in validation. A user's
+each report (every `report_every` steps, agreed by all ranks), at the ~10 sub-window marks of the
+measured window (the throughput's spread) and in validation.
+
+Trial length: `num_steps` measured steps, extended so the measured window lasts at least
+`min_window_s` (planned from warm-up's step time, checked when the plan runs out: a GPU step takes
+milliseconds, and a one-second window is shorter than two telemetry samples). An equal-data budget
+(`num_items`) or a target rules instead: the data or the target decides the length, not the clock.
+With `num_items` the last optimizer step takes only the items that complete the budget (fewer
+micro-batches, the last one cut to the samples needed), so trials of any batch size see the same
+data within one sample per rank; a batch that cannot be cut (`batches.take_items`) is used whole. A user's
 `count_items` or `step_fn` may add its own (e.g. `.item()`): that is theirs to avoid.
 """
 
@@ -17,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import statistics
 import tempfile
 import time
 import warnings
@@ -37,6 +47,7 @@ from trainables.batches import (
     default_counter,
     loss_of,
     move_to_device,
+    take_items,
     tensor_bytes,
     xy_step,
 )
@@ -101,7 +112,8 @@ def _make_loader(
     return loader, sampler
 
 
-def _batches(loader: DataLoader[Any], sampler: DistributedSampler[Any] | None, needed: int) -> Iterator[Any]:
+def _batches(loader: DataLoader[Any], sampler: DistributedSampler[Any] | None,
+             needed: Callable[[], int]) -> Iterator[Any]:
     """Epoch after epoch of a map-style dataset; an IterableDataset's stream once, which must last."""
     if isinstance(loader.dataset, IterableDataset):
         n = 0
@@ -109,9 +121,9 @@ def _batches(loader: DataLoader[Any], sampler: DistributedSampler[Any] | None, n
             n += 1
             yield batch
         raise WorkloadError(
-            f"the training IterableDataset ended after {n} batches on this rank, but the trial needs {needed} "
-            "((num_warmup_steps + num_steps) x grad_accum_steps): make the stream longer (or endless), or lower "
-            "budget.num_steps")
+            f"the training IterableDataset ended after {n} batches on this rank, but the trial needs {needed()} "
+            "((num_warmup_steps + measured steps) x grad_accum_steps; budget.min_window_s may add measured steps): "
+            "make the stream longer (or endless), or lower budget.num_steps / budget.min_window_s")
     epoch = 0
     while True:
         if sampler is not None:
@@ -258,6 +270,42 @@ def _all_ranks_fit(oom: bool, cfg: TrialConfig, device: torch.device) -> None:
                                      "(memory probe)")
 
 
+_SUB_WINDOWS = 10  # marks across the measured window for the throughput's spread
+_MAX_EXTENSIONS = 3  # times a plan short of min_window_s is extended when it runs out
+
+
+def _data_plan(budget: int, seen_warm: float, warmup_steps: int) -> tuple[int, float]:
+    """Equal data: the measured steps that complete `budget` after warm-up saw `seen_warm` items (all
+    ranks), and the items the last of them takes (0: a whole step). Warm-up's items per step is the rate."""
+    per_step = seen_warm / max(warmup_steps, 1)
+    remaining = budget - seen_warm
+    if remaining <= 0 or per_step <= 0:  # warm-up alone used the budget: one measured step, whole
+        return 1, 0.0
+    full = math.floor(remaining / per_step + 1e-9)
+    last = remaining - full * per_step
+    return (full + 1, last) if last > 1e-6 * per_step else (max(1, full), 0.0)
+
+
+def _tail_micros(need: int, per_micro: int, accum: int) -> int:
+    """Micro-batches the last step of an equal-data budget runs to take `need` items on this rank
+    (the same on every rank: both figures are)."""
+    return min(accum, max(1, math.ceil(need / max(per_micro, 1))))
+
+
+def _spread(marks: list[tuple[float, int]], device: torch.device) -> float | None:
+    """The throughput's coefficient of variation (%) over the sub-windows between `marks` (items summed
+    over ranks, each span the slowest rank's); absent with fewer than 3 sub-windows."""
+    if len(marks) < 4:
+        return None
+    pairs = list(zip(marks, marks[1:], strict=False))
+    spans = _all_reduce([b[0] - a[0] for a, b in pairs], device, op="max")
+    items = _all_reduce([float(b[1] - a[1]) for a, b in pairs], device)
+    rates = [i / s for i, s in zip(items, spans, strict=True) if s > 0]
+    if len(rates) < 3 or statistics.fmean(rates) <= 0:
+        return None
+    return 100.0 * statistics.stdev(rates) / statistics.fmean(rates)
+
+
 def _make_optimizer(wl: Workload, model: nn.Module, cfg: TrialConfig, device: torch.device) -> torch.optim.Optimizer:
     if wl.optimizer_fn is None:
         return torch.optim.AdamW(model.parameters(), lr=cfg.lr, fused=device.type == "cuda")
@@ -361,7 +409,7 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
     if cfg.pin_memory and not pin and rank == 0:
         warnings.warn("pin_memory=True has no effect without CUDA; running unpinned", stacklevel=2)
     loader, sampler = _make_loader(wl, cfg, pin, train=True, rank=rank, world=world)
-    batches = _batches(loader, sampler, needed=(cfg.num_warmup_steps + cfg.num_steps - done_before) * accum)
+    batches = _batches(loader, sampler, needed=lambda: (cfg.num_warmup_steps + plan[0] - done_before) * accum)
     timer = StepTimer(device)
     telemetry = Telemetry(device, cfg.telemetry_period_s) if cfg.telemetry_period_s > 0 else None
     unit = wl.unit
@@ -375,6 +423,14 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
     evals, eval_s, target_best, reached, last_eval = 0, 0.0, None, None, None  # periodic evaluation
     warm_t0 = 0.0
     mark = (0.0, 0, 0, 0.0, 0)  # (elapsed, steps, items, data wait, bytes copied) at the previous report
+    # the clock sets the length only for a fixed step count: a data budget or a target rules otherwise
+    by_clock = cfg.min_window_s > 0 and not cfg.num_items and cfg.target_metric is None
+    extended = 0  # times the plan was found short of min_window_s when it ran out
+    tail: tuple[int, int] | None = None  # equal data: (last step, items this rank takes in it)
+    marks: list[tuple[float, int]] = []  # (elapsed, items) at each sub-window mark: the throughput's spread
+    sub_every = 1
+    warm_end = 0.0  # the loop's clock when the measured window began
+    seen_per_micro = 1  # items of one micro-batch on this rank, as warm-up counted them
 
     def window_metrics(final: bool = False) -> dict[str, Any]:
         """One window per report: an interim report covers the steps since the previous report
@@ -391,6 +447,7 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
         summed = _all_reduce([float(items - items0), (timer.data_wait_s - wait0) / max(span, 1e-12),
                               loss_sum.item(), float(loss_count), *noise_sums, float(copied - bytes0)], device)
         (max_span,) = _all_reduce([span], device, op="max")
+        spread = _spread(marks, device) if final else None
         window_items, wait_share, losses, counts, small_sq, big_sq, noise_steps, window_bytes = summed
         train_loss = losses / max(counts, 1.0)
         if not math.isfinite(train_loss):
@@ -413,6 +470,10 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
                                     b_small, b_big)
             if b_simple is not None:
                 measured[contract.GRAD_NOISE_SCALE] = b_simple
+        if spread is not None:
+            measured[contract.throughput_cv_key(unit)] = spread
+        if final:
+            measured[contract.WINDOW_S] = max_span
         return measured | {
             contract.throughput_key(unit): window_items / max_span,
             contract.per_worker_throughput_key(unit): window_items / max_span / world,
@@ -433,38 +494,54 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
             if step == cfg.num_warmup_steps:
                 if cfg.num_items:  # equal data: the measured steps that complete the budget, same on every rank
                     (seen_warm,) = _all_reduce([float(seen)], device)
-                    per_step = seen_warm / max(cfg.num_warmup_steps, 1)
-                    plan[0] = max(1, math.ceil((cfg.num_items - seen_warm) / max(per_step, 1e-12)))
+                    plan[0], last_items = _data_plan(cfg.num_items, seen_warm, cfg.num_warmup_steps)
+                    if last_items:  # the last step takes only what completes the budget (ceil: within a sample per rank)
+                        tail = (cfg.num_warmup_steps + plan[0] - 1, math.ceil(last_items / world))
                 if state is not None:  # resumed: undo warm-up's updates, continue from the checkpoint
                     _apply_state(state, model, optimizer, scaler, scheduler)
                     state = None
                 if step >= 2:  # warm-up long enough to time: report about every report_interval_s
                     (warm_step_s,) = _all_reduce([(timer.now(sync=True) - warm_t0) / (step - 1)], device, op="max")
                     report_every = max(1, int(cfg.report_interval_s / max(warm_step_s, 1e-9)))
+                    if by_clock:  # calibrated: enough steps for min_window_s (checked again when they run out)
+                        plan[0] = max(plan[0], done_before + math.ceil(cfg.min_window_s / max(warm_step_s, 1e-9)))
+                sub_every = max(1, (plan[0] - done_before) // _SUB_WINDOWS)
                 timer.start()
+                warm_end = time.perf_counter()
+                marks.append((0.0, 0))
                 if telemetry is not None:
                     telemetry.start()
             elif step == 1:
                 warm_t0 = timer.now(sync=True)  # step 0 (allocations, loader start-up) is not representative
             oom = False
+            # the last step of an equal-data budget: the micro-batches, and the items of this rank, it still needs
+            micros, need = (accum, 0) if tail is None or step != tail[0] else (
+                _tail_micros(tail[1], seen_per_micro, accum), tail[1])
             try:
-                for micro in range(accum):
+                for micro in range(micros):
                     where[:] = ["step", step, micro]
                     with timer.data_wait():
                         batch = next(batches)
                     n = checked_count(count, batch)
+                    if need and micro == micros - 1 and n > need:  # cut the last micro-batch to what completes the budget
+                        cut = take_items(batch, n, need)
+                        if cut is not None:
+                            batch, n = cut, checked_count(count, cut)
+                    need = max(0, need - n)
+                    if step < cfg.num_warmup_steps:
+                        seen_per_micro = n  # a micro-batch's items on this rank (the equal-data tail uses it)
                     seen += n
                     with telemetry.h2d_copy(timer.measuring) if telemetry is not None else contextlib.nullcontext():
                         moved = move_to_device(batch, device, pin, channels_last)
                     # DDP all-reduces gradients on the last micro-batch only; never in a memory probe,
                     # where a rank that runs out of memory must not leave its peers in that all-reduce
-                    sync = micro == accum - 1 and not cfg.probe
+                    sync = micro == micros - 1 and not cfg.probe
                     with ddp.no_sync() if ddp is not None and not sync else contextlib.nullcontext():
                         with prec.autocast():
                             loss = loss_of(step_fn(ddp_model, moved), training=True)
-                        scaled = loss / accum if accum > 1 else loss
+                        scaled = loss / micros if micros > 1 else loss
                         (scaler.scale(scaled) if scaler is not None else scaled).backward()
-                    if noise is not None and ddp is None and timer.measuring and micro in (0, accum - 1):
+                    if noise is not None and ddp is None and timer.measuring and micros == accum and micro in (0, accum - 1):
                         # one rank: the first micro-batch's gradient is the small batch, the step the big one
                         if micro == 0:
                             noise.add_small(grads_sq(params) * accum * accum)
@@ -474,7 +551,7 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
                         items += n
                         if device.type == "cuda":
                             copied += tensor_bytes(batch)
-                        loss_sum += loss.detach().float() / accum
+                        loss_sum += loss.detach().float() / micros
                 where[:] = ["optimizer", step]
                 if scaler is not None:
                     if cfg.max_grad_norm > 0 or cfg.probe:
@@ -498,8 +575,8 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
             if cfg.probe:
                 where[:] = ["probe-agree", step]
                 _all_ranks_fit(oom, cfg, device)
-            if noise is not None:
-                noise.commit(keep=timer.measuring)
+            if noise is not None:  # a cut last step is not the batch size the estimate assumes
+                noise.commit(keep=timer.measuring and micros == accum and (tail is None or step != tail[0]))
             if scheduler is not None:
                 scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -523,7 +600,16 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
             if timer.measuring:
                 loss_count += 1
                 timer.step_done()
+                if timer.steps % sub_every == 0:
+                    marks.append((timer.elapsed_s(), items))
                 total = done_before + timer.steps
+                if by_clock and total == plan[0] and extended < _MAX_EXTENSIONS:  # same decision on every rank
+                    (window,) = _all_reduce([timer.elapsed_s()], device, op="max")
+                    if window < cfg.min_window_s:  # the warm-up's calibration was optimistic (or absent): run on
+                        plan[0] += max(1, math.ceil((cfg.min_window_s - window) / max(window / timer.steps, 1e-9)
+                                                    * 1.05))
+                        extended += 1
+                        sub_every = max(sub_every, (plan[0] - done_before) // _SUB_WINDOWS)  # ~10 marks still
                 every = cfg.checkpoint_every_steps
                 where[:] = ["report", step]
                 if reached is not None:
@@ -573,6 +659,8 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
     if done_before:
         final[contract.RESTORED_FROM] = done_before
     (final[contract.LOOP_S],) = _all_reduce([time.perf_counter() - loop_t0], device, op="max")
+    if warm_end:  # before the measured window: build, loader start-up, compile, warm-up steps
+        (final[contract.WARMUP_S],) = _all_reduce([warm_end - loop_t0], device, op="max")
     if rank == 0:
         final.update(device_facts(device) | precision_flags)
         if telemetry is not None:
