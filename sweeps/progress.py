@@ -17,7 +17,7 @@ from typing import TextIO
 
 from sweeps.outcome import MEASURED, NOT_FAILED, UNFINISHED, TrialRow
 from sweeps.spec import SweepSpec
-from trainables.contract import LOOP_S
+from trainables.contract import LOOP_S, WARMUP_S, WINDOW_S
 
 
 @dataclass(frozen=True)
@@ -122,12 +122,26 @@ class Terminal:
 TERMINAL = Terminal()
 
 
-def overhead_line(rows: list[TrialRow], wall_s: float, groups: int | None) -> str:
-    """What the sweep cost beyond its training: (sweep wall - the trials' own loop time) / trials."""
-    loops = [float(r.metrics[LOOP_S]) for r in rows if isinstance(r.metrics.get(LOOP_S), (int, float))]
+def _total(rows: list[TrialRow], key: str) -> float:
+    return sum(float(r.metrics[key]) for r in rows if isinstance(r.metrics.get(key), (int, float)))
+
+
+def overhead_line(rows: list[TrialRow], wall_s: float, groups: int | None, probe_s: float = 0.0) -> str:
+    """Where the sweep's wall time went: the memory probe, the trials' own loops (warm-up with any
+    compilation, the measured windows, validation and the rest) and what is left, the service's own
+    cost (scheduling, worker start-up, tracking), per trial that ran. A trial that failed before its
+    final report has no loop time: its time falls in the service's share, and the line says so."""
     mode = (f"warm worker groups: {groups} started for {len(rows)} trial(s)" if groups is not None
             else "one Ray Train run per trial")
-    if not loops:
+    ended = [r for r in rows if isinstance(r.metrics.get(LOOP_S), (int, float))]
+    if not ended:
         return f"{mode}; no trial ran its loop to the end, so no overhead figure"
-    return (f"{mode}; per-trial overhead (sweep wall {wall_s:.1f} s - loops {sum(loops):.1f} s) / {len(loops)} = "
-            f"{(wall_s - sum(loops)) / len(loops):.1f} s")
+    loops, warm, window = _total(ended, LOOP_S), _total(ended, WARMUP_S), _total(ended, WINDOW_S)
+    service = wall_s - probe_s - loops
+    probe = f"memory probe {probe_s:.1f} s + " if probe_s else ""
+    inside = (f" (warm-up incl. compile {warm:.1f} s, measured {window:.1f} s, validation and the rest "
+              f"{loops - warm - window:.1f} s)" if warm and window else "")
+    unknown = len(rows) - len(ended)
+    note = (f"; {unknown} trial(s) without a final report count in the service's share" if unknown else "")
+    return (f"{mode}; sweep wall {wall_s:.1f} s = {probe}trial loops {loops:.1f} s{inside} + the service's own "
+            f"{service:.1f} s, {service / len(rows):.1f} s per trial{note}")

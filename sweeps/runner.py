@@ -79,6 +79,7 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
     token = state.token if state is not None else uuid.uuid4().hex
     pool = WarmPool(spec, str(exp_dir / "trials"), token) if spec.scaling.reuse_workers else None
     probe_tags: dict[str, str] = {}
+    probe_s = 0.0
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, spec=spec, storage_path=str(exp_dir / "trials"),
                              pool=pool.queue if pool is not None else None), DRIVER_RESOURCES)
@@ -123,13 +124,15 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
         if pool is not None and spec.search.probe_batch_size:  # before the search: bounds what it proposes
             from sweeps.probe import probe_frontier
 
+            probe_t0 = time.monotonic()
             probe_tags = probe_frontier(spec, pool.queue, token, echo)
+            probe_s = time.monotonic() - probe_t0
         tuner.fit()
         ok = True
     finally:
         groups = pool.close() if pool is not None else 0
         this_run = [r for r in callback.rows.values() if r.trial_id in callback.started()]
-        echo(overhead_line(this_run, time.monotonic() - t0, groups if pool is not None else None))
+        echo(overhead_line(this_run, time.monotonic() - t0, groups if pool is not None else None, probe_s))
         _LIVE.pop(token, None)
         tripped = shared(token).tripped
         release(token)

@@ -86,3 +86,22 @@ def test_dumb_terminal_gets_no_live_line(monkeypatch: pytest.MonkeyPatch) -> Non
     echo = Terminal(out)
     echo(_events()[0])
     assert "\r" not in out.getvalue()
+
+
+def test_the_overhead_line_splits_probe_warm_up_and_the_services_own_cost() -> None:
+    from sweeps.progress import overhead_line
+
+    def ended(loop: float, warm: float, window: float) -> TrialRow:
+        return TrialRow("t", 1, {}, status="ok", metrics={"time/loop_total_s": loop, "time/warmup_s": warm,
+                                                          "time/window_s": window})
+
+    # the H100 probe sweep's shape: 4 loops ended (74.8 s in all), one trial failed oom, a 40 s probe
+    rows = [ended(20.0, 12.0, 6.0), ended(18.8, 10.0, 6.0), ended(18.0, 9.0, 6.0), ended(18.0, 9.0, 6.0),
+            TrialRow("f", 5, {}, status="oom")]
+    line = overhead_line(rows, 185.6, 1, probe_s=40.0)
+    assert line == ("warm worker groups: 1 started for 5 trial(s); sweep wall 185.6 s = memory probe 40.0 s + trial "
+                    "loops 74.8 s (warm-up incl. compile 40.0 s, measured 24.0 s, validation and the rest 10.8 s) + "
+                    "the service's own 70.8 s, 14.2 s per trial; 1 trial(s) without a final report count in the "
+                    "service's share")
+    assert overhead_line([TrialRow("f", 1, {}, status="oom")], 10.0, None) == (
+        "one Ray Train run per trial; no trial ran its loop to the end, so no overhead figure")

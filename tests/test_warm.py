@@ -45,7 +45,7 @@ def test_a_warm_group_serves_trials_in_isolation_and_is_replaced_after_a_crash(r
     assert same[0]["pool/group"] == same[1]["pool/group"] != same[2]["pool/group"]  # the crash retired the first group
     assert (same[0]["pool/trial_in_group"], same[1]["pool/trial_in_group"], same[2]["pool/trial_in_group"]) == ("1", "5", "1")
     assert "out of memory" in by_mode["oom"].reason and "hidden" in by_mode["config"].reason
-    assert any("warm worker groups: 2 started for 7 trial(s); per-trial overhead" in line for line in lines), lines[-3:]
+    assert any("warm worker groups: 2 started for 7 trial(s); sweep wall" in line for line in lines), lines[-3:]
 
 
 def test_cold_mode_gives_the_same_numbers_and_classifies_the_same(ray_cluster: None, tmp_path: Path) -> None:
@@ -60,4 +60,4 @@ def test_cold_mode_gives_the_same_numbers_and_classifies_the_same(ray_cluster: N
     assert {m: t.status for m, t in by_mode.items()} == {"same1": "ok", "oom": "oom", "same2": "ok"}
     assert by_mode["same1"].metrics["loss/val"] == pytest.approx(by_mode["same2"].metrics["loss/val"], rel=1e-6)
     assert "pool/group" not in by_mode["same1"].metrics
-    assert any(line.startswith("one Ray Train run per trial; per-trial overhead") for line in lines)
+    assert any(line.startswith("one Ray Train run per trial; sweep wall") for line in lines)
