@@ -90,9 +90,19 @@ def guardrail(outcome: SweepOutcome) -> str:
         t.metrics[QUALITY_GAP_PCT] = gap
         if t is not ref and gap > 100.0 * spec.quality.tolerance:
             t.degraded = (f"loss/val {loss:.4g} is {gap:.1f}% worse than the fp32 reference (trial {ref.number}: "
-                          f"{ref_loss:.4g}) at equal data; tolerance {100 * spec.quality.tolerance:g}%")
+                          f"{ref_loss:.4g}) at equal data{_data_gap(t, ref)}; tolerance {100 * spec.quality.tolerance:g}%")
     return f"reference trial {ref.number} (precision {ref.params['precision']}, global batch " \
            f"{ref.params.get('global_batch_size')}), tolerance {100 * spec.quality.tolerance:g}%"
+
+
+def _data_gap(t: TrialRow, ref: TrialRow) -> str:
+    """The items the two trials saw, where they differ: the loop cuts the last step to the budget, but a
+    batch it cannot cut (see trainables.batches.take_items) is used whole, so the difference is shown."""
+    for unit in ("samples", "tokens"):
+        a, b = _num(t.metrics.get(seen_key(unit))), _num(ref.metrics.get(seen_key(unit)))
+        if a is not None and b is not None and a != b:
+            return f" (saw {a:,.0f} {unit}, the reference {b:,.0f})"
+    return ""
 
 
 def _s_min(row: TrialRow) -> float | None:

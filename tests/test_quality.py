@@ -123,13 +123,15 @@ def _row(n: int, precision: str, gb: int, **metrics: float) -> TrialRow:
 
 def test_the_guardrail_flags_a_trial_worse_than_the_fp32_reference_at_equal_data() -> None:
     spec = parse_spec(_SPEC.format(objective="", length="num_samples: 4096", extra=""))
-    rows = [_row(1, "32", 32, **{"loss/val": 1.00, "throughput/samples_per_s": 100}),
-            _row(2, "16-mixed", 32, **{"loss/val": 1.20, "throughput/samples_per_s": 300}),  # fastest, but 20% worse
+    rows = [_row(1, "32", 32, **{"loss/val": 1.00, "throughput/samples_per_s": 100, "progress/samples_seen": 4096}),
+            _row(2, "16-mixed", 32, **{"loss/val": 1.20, "throughput/samples_per_s": 300,  # fastest, but 20% worse
+                                        "progress/samples_seen": 4112}),  # a batch the loop could not cut: shown
             _row(3, "32", 128, **{"loss/val": 1.03, "throughput/samples_per_s": 200})]
     outcome = SweepOutcome(spec, "p", "sqlite://", rows, 1.0)
     note, updates = annotate(outcome)
     assert "reference trial 1" in note
     assert rows[1].degraded.startswith("loss/val 1.2 is 20.0% worse") and not rows[2].degraded
+    assert "at equal data (saw 4,112 samples, the reference 4,096)" in rows[1].degraded
     assert outcome.best is rows[2]  # the degraded trial is never ranked best, even on throughput
     assert updates["run2"] == ({"quality/gap_pct": pytest.approx(20.0)}, {"sweep.degraded": rows[1].degraded})
     steps = parse_spec(_SPEC.format(objective="", length="num_steps: 10", extra=""))
