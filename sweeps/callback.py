@@ -17,7 +17,7 @@ from sweeps.breaker import FailureStreak
 from sweeps.failures import failure_of
 from sweeps.outcome import MEASURED, TrialRow, end_status
 from sweeps.progress import progress_line
-from sweeps.search import knobs_of, record_oom, shared
+from sweeps.search import knobs_of, oom_label, record_oom, shared
 from sweeps.sol import SpeedOfLight
 from sweeps.space import resolve_trial, trial_params
 from sweeps.spec import SweepSpec
@@ -165,8 +165,8 @@ class SweepCallback(tune.Callback):
         if status == "oom":
             knobs = knobs_of(self.spec, row)
             record_oom(self.token, knobs)
-            self.echo(f"out of memory at batch_size={knobs['batch_size']} ({knobs['precision']}): "
-                      "no larger batch will be tried")
+            self.echo(f"out of memory at batch_size={knobs['batch_size']} with {oom_label(knobs)}: "
+                      "no batch this large or larger will be tried with those settings")
 
     def _count_failure(self, status: str, reason: str) -> None:
         """Circuit breaker: the same error N times in a row will not fix itself (e.g. an ImportError)."""

@@ -1,25 +1,39 @@
-"""The memory frontier, probed before the search: each precision's largest batch size that fits.
+"""The memory frontier, probed before the search: the largest batch size that fits, for every
+combination of the settings that decide memory.
 
-A binary search over the space's batch sizes, each candidate a few steps on the real (warm)
-workers with `TrialConfig.probe`: every rank learns each step whether any rank ran out of memory
-and all raise together, so no rank waits forever for one that gave up, and the group stays warm.
-The smallest batch that did not fit bounds the search (`search.record_oom`: larger batches are
-told to Optuna as infeasible, never run). Candidates tried per precision: at most
-ceil(log2(n + 1)) for n batch sizes.
+Those settings are `search.oom_key`'s: precision, compile and the trainable's own params in the
+space. The probe measures each combination the space can produce (every choice of a categorical
+or fixed one; the first value of a range, which has too many), every other searched knob at its
+first value. grad_accum_steps is not among them: a micro-batch's activations take the same memory
+whether its gradients accumulate or not (the gradients are held either way), so a bound holds for
+every grad_accum_steps. Nor are the loader knobs (host memory), lr, clipping (a probe always clips).
+
+Per combination, a binary search over the space's batch sizes, each candidate a few steps on the
+real (warm) workers with `TrialConfig.probe`: every rank learns each step whether any rank ran out
+of memory and all raise together, so no rank waits forever for one that gave up, and the group
+stays warm. Candidates tried per combination: at most ceil(log2(n + 1)) for n batch sizes.
+
+What it learns bounds the search (`search.record_probe`, `search.oom_excluded`): a batch that did
+not fit, and every larger one, is never run with that combination (such proposals are told to
+Optuna as infeasible); a combination the probe did not measure (another value of a range, or one
+a failure other than OOM stopped) runs no batch at or above the smallest batch the probe saw fail
+anywhere. Without the probe, only trials that ran out of memory bound the search.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import re
 import tempfile
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from sweeps.failures import classify
-from sweeps.search import record_oom
+from sweeps.search import record_probe
 from sweeps.space import resolve_trial
-from sweeps.spec import CategoricalParam, FixedParam, FloatParam, IntParam, Param, SweepSpec
+from sweeps.spec import PARAMS_PREFIX, CategoricalParam, FixedParam, FloatParam, IntParam, Param, SweepSpec
 from sweeps.trial import WarmFailure, warm_reports
 
 _PROBE_STEPS = 2
@@ -64,34 +78,62 @@ def _try(queue: Any, spec: SweepSpec, knobs: dict[str, Any]) -> tuple[str, str]:
     return "fits", ""
 
 
-def probe_frontier(spec: SweepSpec, queue: Any, token: str, echo: Callable[[str], None]) -> dict[str, str]:
-    """Probe every precision of the space; returns the parent run's tags (`sweep.probe.<precision>`)."""
+def memory_settings(spec: SweepSpec) -> list[dict[str, Any]]:
+    """Every combination of the memory settings (`search.oom_key`) the probe measures: every
+    choice of a categorical, the value of a fixed one, a range's first value."""
     space = spec.space
-    others = {k: _first(p) for k, p in space.searched().items() if k not in ("batch_size", "precision")}
-    precisions = [str(v) for v in (space.precision.choices if isinstance(space.precision, CategoricalParam)
-                                   else [_first(space.precision)])]
+    knobs: dict[str, Param] = {"precision": space.precision, "compile": space.compile}
+    knobs |= {PARAMS_PREFIX + name: p for name, p in space.params.items()}
+    values = [list(p.choices) if isinstance(p, CategoricalParam) else [_first(p)] for p in knobs.values()]
+    return [dict(zip(knobs, combo, strict=True)) for combo in itertools.product(*values)]
+
+
+def _frontier(queue: Any, spec: SweepSpec, knobs: dict[str, Any], candidates: list[int]) -> tuple[int, int, list[str], str]:
+    """Binary search for one combination: (index of the largest batch that fits or -1, index of the
+    smallest that ran out of memory or len(candidates), what was tried, why it stopped early or "")."""
+    lo, hi, tried = -1, len(candidates), []
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        kind, reason = _try(queue, spec, {**knobs, "batch_size": candidates[mid]})
+        tried.append(f"{candidates[mid]} {'fits' if kind == 'fits' else kind}")
+        if kind == "fits":
+            lo = mid
+        elif kind == "oom":
+            hi = mid
+        else:  # unsupported precision, a bug: the search will meet it as a trial failure
+            return lo, hi, tried, f"; stopped: {kind}: {reason}"
+    return lo, hi, tried, ""
+
+
+def _names(setting: dict[str, Any], searched: set[str]) -> tuple[str, str]:
+    """How a probe line and its parent-run tag name one combination: `bf16-mixed, compile, params.hidden=512`
+    and `bf16-mixed.compile.params.hidden.512`; uncompiled ones keep the precision's name alone."""
+    parts = [str(setting["precision"])] + (["compile"] if setting["compile"] else [])
+    own = [(k, str(v)) for k, v in setting.items() if k.startswith(PARAMS_PREFIX) and k in searched]
+    line = ", ".join(parts + [f"{k}={v}" for k, v in own])
+    tag = ".".join(parts + [f"{k}.{v}" for k, v in own])
+    return line, re.sub(r"[^\w.\-]", "_", tag)  # the characters MLflow allows in a tag's key
+
+
+def probe_frontier(spec: SweepSpec, queue: Any, token: str, echo: Callable[[str], None]) -> dict[str, str]:
+    """Probe every combination of memory settings (`memory_settings`) and tell the search what it
+    learnt; returns the parent run's tags (`sweep.probe.<precision>[.compile][.params.<name>.<value>]`)."""
+    space = spec.space
+    searched = space.searched()
+    others = {k: _first(p) for k, p in searched.items()
+              if k not in ("batch_size", "precision", "compile") and not k.startswith(PARAMS_PREFIX)}
     candidates = batch_candidates(space.batch_size)
     tags: dict[str, str] = {}
-    for precision in precisions:
-        lo, hi, tried = -1, len(candidates), []
-        note = ""
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            kind, reason = _try(queue, spec, {**others, "precision": precision, "batch_size": candidates[mid]})
-            tried.append(f"{candidates[mid]} {'fits' if kind == 'fits' else kind}")
-            if kind == "fits":
-                lo = mid
-            elif kind == "oom":
-                hi = mid
-            else:  # unsupported precision, a bug: the search will meet it as a trial failure
-                note = f"; stopped: {kind}: {reason}"
-                break
-        if hi < len(candidates) and not note:
-            record_oom(token, {**space.fixed(), **others, "precision": precision, "batch_size": candidates[hi]})
+    for setting in memory_settings(spec):
+        knobs = {**space.fixed(), **others, **setting}
+        lo, hi, tried, note = _frontier(queue, spec, knobs, candidates)
+        failed = candidates[hi] if hi < len(candidates) else None
+        record_probe(token, knobs, failed, measured=not note)
+        name, tag = _names(setting, set(searched))
         fits = candidates[lo] if lo >= 0 else None
-        line = (f"memory probe {precision}: largest batch_size that fits " + (str(fits) if fits else "none")
-                + (f", {candidates[hi]} does not" if hi < len(candidates) and not note else "")
-                + f" ({len(tried)} of {len(candidates)} candidates tried: {', '.join(tried)}){note}")
-        echo(line)
-        tags[f"sweep.probe.{precision}"] = line.split(": ", 1)[1][:5000]
+        found = (f"largest batch_size that fits {fits if fits is not None else 'none'}"
+                 + (f", {failed} does not" if failed is not None else "")
+                 + f" ({len(tried)} of {len(candidates)} candidates tried: {', '.join(tried)}){note}")
+        echo(f"memory probe {name}: {found}")
+        tags[f"sweep.probe.{tag}"] = found[:5000]
     return tags

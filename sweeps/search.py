@@ -7,8 +7,10 @@ interface, with what a throughput sweep needs:
   proposing batch sizes that run out of memory. A trial that cannot run (oom, unsupported) or
   breaks a spec constraint (e.g. `loss/val` <= 2.5) is told to Optuna as COMPLETE with a
   positive `Trial.set_constraint` value: constraint-aware TPE puts it in the bad group.
-- **Monotone skipping.** Once batch b ran out of memory at a precision, no batch >= b is run
-  for it: such proposals are told as infeasible without running, and the sampler asked again.
+- **Monotone skipping.** Once batch b ran out of memory with some memory settings (`oom_key`:
+  precision, compile, the trainable's own params), no batch >= b is run with them: such proposals
+  are told as infeasible without running, and the sampler asked again. After a memory probe
+  (`sweeps.probe`), settings it did not measure are bounded by the smallest batch it saw fail.
 - **Grid mode** walks every combination once, smallest batch first, with the same skipping.
 
 Tune copies and pickles searchers, stoppers and callbacks (`tuner.pkl`, experiment state), so
@@ -42,7 +44,9 @@ class Shared:
     """State of one sweep shared by its callback, searcher and stopper (see module doc)."""
 
     tripped: str = ""  # why the circuit breaker stopped the sweep
-    oom_bounds: dict[tuple[Any, ...], int] = field(default_factory=dict)  # oom_key -> smallest batch that ran out
+    oom_bounds: dict[tuple[Any, ...], int] = field(default_factory=dict)  # oom_key -> smallest batch a trial ran out at
+    probed: set[tuple[Any, ...]] = field(default_factory=set)  # oom_keys whose frontier the memory probe measured
+    probe_oom: dict[tuple[Any, ...], int] = field(default_factory=dict)  # oom_key -> smallest batch the probe saw fail
     failures: dict[str, str] = field(default_factory=dict)  # errored trial id -> failure kind
 
 
@@ -59,21 +63,61 @@ def release(token: str) -> None:
 
 def oom_key(knobs: dict[str, Any]) -> tuple[Any, ...]:
     """What, besides the batch size, decides whether a trial fits in memory: precision, compile and
-    the trainable's own params in the space (a wider model runs out of memory at a smaller batch)."""
+    the trainable's own params in the space (a wider model runs out of memory at a smaller batch).
+    Not grad_accum_steps: a micro-batch's activations are the same whether gradients accumulate."""
     own = tuple(sorted((k, str(v)) for k, v in knobs.items() if k.startswith(PARAMS_PREFIX)))
     return str(knobs["precision"]), bool(knobs["compile"]), own
 
 
+def oom_label(knobs: dict[str, Any]) -> str:
+    """The memory settings of `knobs` (its `oom_key`) as a message names them."""
+    precision, compiled, own = oom_key(knobs)
+    return ", ".join([f"precision={precision}", f"compile={compiled}", *(f"{k}={v}" for k, v in own)])
+
+
 def record_oom(token: str, knobs: dict[str, Any]) -> None:
+    """A trial ran out of memory: no batch this large or larger is run with the same memory settings."""
     bounds = shared(token).oom_bounds
     key = oom_key(knobs)
     bounds[key] = min(bounds.get(key, int(knobs["batch_size"])), int(knobs["batch_size"]))
 
 
+def record_probe(token: str, knobs: dict[str, Any], oom_batch: int | None, measured: bool = True) -> None:
+    """What the memory probe learnt about the memory settings of `knobs`: `oom_batch`, the smallest
+    batch it saw run out of memory (None: every batch it tried fit); `measured`, whether it found
+    their frontier (False when another failure stopped it, so they count as not measured)."""
+    s, key = shared(token), oom_key(knobs)
+    if measured:
+        s.probed.add(key)
+    if oom_batch is not None:
+        s.probe_oom[key] = min(s.probe_oom.get(key, oom_batch), oom_batch)
+
+
+def _bounds(token: str, knobs: dict[str, Any]) -> tuple[int | None, int | None]:
+    """(what ran out with these very settings, the probe's smallest failure if it did not measure them)."""
+    s, key = shared(token), oom_key(knobs)
+    own = [b for b in (s.oom_bounds.get(key), s.probe_oom.get(key)) if b is not None]
+    # Unmeasured settings may need more memory than any the probe measured: none of its failing
+    # batches is trusted to fit there.
+    unmeasured = min(s.probe_oom.values()) if s.probe_oom and key not in s.probed else None
+    return min(own, default=None), unmeasured
+
+
 def oom_excluded(token: str, knobs: dict[str, Any]) -> int | None:
-    """The batch size that already ran out of memory if `knobs` is at or above it."""
-    bound = shared(token).oom_bounds.get(oom_key(knobs))
+    """The batch size that bounds `knobs` if its batch is at or above it: what already ran out of
+    memory with the same settings (`oom_key`), or, for settings the memory probe did not measure,
+    the smallest batch the probe saw run out of memory with any settings."""
+    bound = min((b for b in _bounds(token, knobs) if b is not None), default=None)
     return bound if bound is not None and int(knobs["batch_size"]) >= bound else None
+
+
+def oom_skip_reason(token: str, knobs: dict[str, Any]) -> str:
+    """Why `oom_excluded` rules `knobs` out, for the log."""
+    same, unmeasured = _bounds(token, knobs)
+    if same is not None and int(knobs["batch_size"]) >= same:
+        return f"batch_size={same} already ran out of memory with {oom_label(knobs)}"
+    return (f"the memory probe saw batch_size={unmeasured} run out of memory and did not measure "
+            f"{oom_label(knobs)}")
 
 
 class SweepSearch(Searcher):
@@ -114,10 +158,10 @@ class SweepSearch(Searcher):
             return self._suggest_grid(trial_id)
         for _ in range(_MAX_SKIPS):
             config = self._ask(trial_id)
-            bound = oom_excluded(self._token, {**self._fixed, **config})
-            if bound is None:
+            knobs = {**self._fixed, **config}
+            if oom_excluded(self._token, knobs) is None:
                 return config
-            logger.info("skipping %s: batch %d already ran out of memory at that precision", config, bound)
+            logger.info("skipping %s: %s", config, oom_skip_reason(self._token, knobs))
             self._tell_infeasible(self._asked.pop(trial_id), {_FITS: 1.0})
         logger.warning("every proposal is at or above a batch size that ran out of memory; ending the search")
         return Searcher.FINISHED  # type: ignore[return-value]  # Tune's sentinel is a str
@@ -126,10 +170,11 @@ class SweepSearch(Searcher):
         assert self._grid is not None
         while self._grid:
             point = self._grid.pop(0)
-            if oom_excluded(self._token, {**self._fixed, **point}) is None:
+            knobs = {**self._fixed, **point}
+            if oom_excluded(self._token, knobs) is None:
                 self._study.enqueue_trial(point)
                 return self._ask(trial_id)
-            logger.info("grid: skipping %s, a smaller batch already ran out of memory", point)
+            logger.info("grid: skipping %s: %s", point, oom_skip_reason(self._token, knobs))
         return Searcher.FINISHED  # type: ignore[return-value]
 
     # -- learning ----------------------------------------------------------------------

@@ -202,6 +202,25 @@ def test_an_oom_bounds_the_batch_only_for_the_same_own_params() -> None:
         release(token)
 
 
+def test_after_a_probe_settings_it_did_not_measure_are_bounded_by_its_smallest_failure(token: str) -> None:
+    from sweeps.search import oom_excluded, oom_skip_reason, record_probe
+
+    eager = {"precision": "bf16-mixed", "compile": False}
+    compiled = {**eager, "compile": True}
+    assert oom_excluded(token, {**compiled, "batch_size": 4096}) is None  # no probe, no trial: nothing bounds it
+    record_probe(token, eager, 256)
+    assert oom_excluded(token, {**compiled, "batch_size": 256}) == 256  # unmeasured: the probe saw 256 fail
+    assert oom_excluded(token, {**compiled, "batch_size": 64}) is None
+    assert oom_skip_reason(token, {**compiled, "batch_size": 256}) == (
+        "the memory probe saw batch_size=256 run out of memory and did not measure precision=bf16-mixed, compile=True")
+    record_probe(token, compiled, None)  # measured: every batch it tried fit
+    assert oom_excluded(token, {**compiled, "batch_size": 4096}) is None
+    record_oom(token, {**compiled, "batch_size": 512})  # a trial learns more than the probe did
+    assert oom_excluded(token, {**compiled, "batch_size": 512}) == 512
+    assert oom_skip_reason(token, {**compiled, "batch_size": 1024}) == (
+        "batch_size=512 already ran out of memory with precision=bf16-mixed, compile=True")
+
+
 def test_the_searcher_is_tunes_public_searcher_and_its_state_survives_save_restore(token: str, tmp_path: Path) -> None:
     from ray.tune.search import Searcher
     from ray.tune.search.optuna import OptunaSearch
