@@ -65,7 +65,8 @@ def _try(queue: Any, spec: SweepSpec, knobs: dict[str, Any]) -> tuple[str, str]:
     """Run one candidate on a warm group: ("fits", "") or (failure kind, reason)."""
     cfg = dataclasses.replace(resolve_trial(spec, knobs), num_steps=_PROBE_STEPS, num_warmup_steps=1, probe=True,
                               telemetry_period_s=0.0, report_interval_s=1e9, checkpoint_every_steps=0, num_items=0,
-                              eval_every_steps=0, target_metric=None, target_max=None, target_min=None)
+                              eval_every_steps=0, target_metric=None, target_max=None, target_min=None,
+                              min_window_s=0.0)  # a probe asks whether a step fits, not how fast it runs
     trial_id = f"probe-{uuid.uuid4().hex[:8]}"
     with tempfile.TemporaryDirectory(prefix="probe-") as tmp:
         try:

@@ -450,9 +450,10 @@ class SearchSpec(BaseModel):
     algorithm: Literal["tpe", "random", "grid"] = Field(
         default="tpe", description="tpe: Optuna TPE (constraint-aware); random; grid: every combination once")
     early_stopping: EarlyStoppingSpec | None = None
-    probe_batch_size: bool = Field(default=False, description="before the search, find each precision's largest "
-                                   "batch size that fits (a few steps per candidate, binary search on the warm "
-                                   "workers); larger batches are never run")
+    probe_batch_size: bool = Field(default=False, description="before the search, find the largest batch size "
+                                   "that fits for every combination of precision, compile and categorical params "
+                                   "(a few steps per candidate, binary search on the warm workers); a batch the "
+                                   "probe saw fail is never run unless the probe measured that combination")
 
 
 GPU_MIN_WINDOW_S = 10.0
