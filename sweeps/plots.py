@@ -348,7 +348,7 @@ def summary_html(outcome: SweepOutcome, images: dict[str, bytes], skipped: list[
 <title>{e(spec.name)}</title><style>{_STYLE}</style></head><body>
 <h1>Sweep {e(spec.name)}</h1><p>{e(spec.description)}</p>
 <p class="answer">{_inline_md(answer(outcome))}</p>
-<p><b>Next:</b> {e(next_steps(outcome))}</p>
+<p><b>Next:</b> {e(next_steps(outcome, noise=False))}</p>
 <h2>Trials</h2><p><small>Objective: <code>{e(spec.objective.describe())}</code>; {len(ranked)}/{len(outcome.trials)}
 trials finished; click a header to sort, a trial to open its MLflow run.</small></p>
 {_trials_html(outcome, base, not served, experiment_id)}{links}

@@ -1,4 +1,17 @@
-"""Terminal tables of a sweep's trials."""
+"""Terminal tables of a sweep's trials, its answer in words, and `sweeps report` (read back from MLflow).
+
+**Within noise.** On a throughput objective the loop reports how much the throughput varied inside
+each trial's measured window (`throughput/<unit>_per_s_cv_pct`: stdev / mean over ~10 sub-windows).
+The best and the runner-up are *within noise* when the gap between them (relative to the lower of
+the two) is below the larger of their two cvs: a rerun could then swap them, and the answer says
+so. Not twice the combined standard error (2 x sqrt(cv1^2 + cv2^2) / sqrt(k)): it needs the number
+of sub-windows k, which the metric does not carry, and it assumes independent sub-windows, while
+neighbouring ones share clocks, heat and the loader's state. It also answers another question (how
+precise one window's mean is) than the one asked here (would a rerun of each configuration keep
+the order), and runs of one configuration usually differ by more than that. A sub-window's spread is a
+plain, conservative bar: it errs towards "not settled", the cheaper mistake. Without the cv of
+either trial nothing is said.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +23,17 @@ import yaml
 from sweeps.outcome import MEASURED, SweepOutcome, TrialRow
 from sweeps.quality import DEGRADED_TAG
 from sweeps.spec import KNOBS, CategoricalParam, FixedParam, IntParam, Param, Scalar
-from trainables.contract import DATA_WAIT_PCT, LOSS_VAL, STEP_TIME_MS
+from sweeps.verdict import revise_verdicts
+from trainables.contract import (
+    DATA_WAIT_PCT,
+    LOSS_VAL,
+    METRIC_KEY,
+    STEP_TIME_MS,
+    THROUGHPUT_UNITS,
+    per_worker_throughput_key,
+    throughput_cv_key,
+    throughput_key,
+)
 
 _COLUMNS = ("batch_size", "precision", "lr", "num_dataloader_workers", "pin_memory")
 _HEAD = {"batch_size": "batch", "precision": "precision", "lr": "lr", "num_dataloader_workers": "loaders", "pin_memory": "pin"}
@@ -26,6 +49,7 @@ def _fmt(v: Any) -> str:
 QUALITY_METRICS = ("perf/sol_pct", "stats/grad_noise_scale", "time/to_target_s", "predict/time_to_target_s",
                    "predict/error_pct", "quality/gap_pct")
 QUALITY_PARAMS = ("lr_effective",)
+NOISE_METRICS = tuple(throughput_cv_key(u) for u in THROUGHPUT_UNITS)  # next to the objective, where a trial has it
 
 
 def degraded(t: TrialRow) -> str:
@@ -43,7 +67,8 @@ def table_rows(outcome: SweepOutcome) -> tuple[list[str], list[tuple[TrialRow, l
     trial has them; a figure a trial does not have is None (shown as "-")."""
     obj = outcome.spec.objective
     metric = obj.primary
-    extra = list(dict.fromkeys(m for m in (*obj.metrics[1:], *(c.metric for c in obj.constraints),
+    noise = [m for m in NOISE_METRICS if any(m in t.metrics for t in outcome.trials)]
+    extra = list(dict.fromkeys(m for m in (*noise, *obj.metrics[1:], *(c.metric for c in obj.constraints),
                                            LOSS_VAL, STEP_TIME_MS, DATA_WAIT_PCT) if m != metric))
     extra += [m for m in QUALITY_METRICS if m not in extra and m != metric and any(m in t.metrics for t in outcome.trials)]
     # lr_effective only where lr_scaling made it differ from the searched lr
@@ -156,9 +181,10 @@ def rows_from_runs(children: list[Any]) -> list[TrialRow]:
         name = child.info.run_name or ""
         number = int(name.split("-")[1]) if name.startswith("trial-") else 0
         params = {k: _knob_value(k, v) if k in KNOBS else _typed(v) for k, v in child.data.params.items()}
+        # the loop's text facts (device/cpu_isa) were logged as tags: back beside the numbers, as the sweep had them
+        metrics = {**{k: v for k, v in tags.items() if METRIC_KEY.match(k)}, **child.data.metrics}
         row = TrialRow(tags.get("sweep.trial_id", child.info.run_id), number, params, child.info.run_id,
-                       tags.get("sweep.status", "running"), tags.get("sweep.failure_reason", ""), verdict,
-                       dict(child.data.metrics))
+                       tags.get("sweep.status", "running"), tags.get("sweep.failure_reason", ""), verdict, metrics)
         row.degraded = tags.get(DEGRADED_TAG, "")  # the reason sweeps.quality tagged it with
         rows.append(row)
     return sorted(rows, key=lambda r: r.number)
@@ -187,8 +213,10 @@ def load_outcome(client: Any, name_or_run_id: str) -> SweepOutcome:
     rows = rows_from_runs(child_runs(client, parent.info.experiment_id, run_id))
     elapsed = ((parent.info.end_time or parent.info.start_time) - parent.info.start_time) / 1000
     tags = parent.data.tags
-    return SweepOutcome(spec, run_id, client.tracking_uri, rows, elapsed, tags.get("sweep.stopped", ""),
-                        tags.get("sweep.interrupted", ""))
+    outcome = SweepOutcome(spec, run_id, client.tracking_uri, rows, elapsed, tags.get("sweep.stopped", ""),
+                           tags.get("sweep.interrupted", ""))
+    revise_verdicts(outcome)  # as the sweep does at its end; a no-op where it logged its revision
+    return outcome
 
 
 def to_json(outcome: SweepOutcome) -> dict[str, Any]:
@@ -210,12 +238,44 @@ def to_json(outcome: SweepOutcome) -> dict[str, Any]:
     }
 
 
-def next_steps(outcome: SweepOutcome) -> str:
-    """What to try next, from the best trial's verdict (the rules live in sweeps.verdict)."""
+def next_steps(outcome: SweepOutcome, noise: bool = True) -> str:
+    """What to try next, from the best trial's verdict (the rules live in sweeps.verdict), and whether
+    the runner-up is as good (`noise`: say so here, where the answer is not shown beside it)."""
     best = outcome.best
     if best is None or not best.verdict:
         return "no finished trial to learn from; fix the failures listed above first"
-    return f"best trial {best.number} is {best.verdict}"
+    tie = within_noise(outcome) if noise else ""
+    return f"best trial {best.number} is {best.verdict}" + (f". {tie[0].upper()}{tie[1:]}" if tie else "")
+
+
+def cv_metric(metric: str) -> str | None:
+    """The sub-window spread the loop reports for a throughput metric (global or per worker: the same
+    spread, one is the other over the world size); None for any other metric."""
+    unit = next((u for u in THROUGHPUT_UNITS if metric in (throughput_key(u), per_worker_throughput_key(u))), None)
+    return throughput_cv_key(unit) if unit is not None else None
+
+
+def within_noise(outcome: SweepOutcome) -> str:
+    """The sentence that says the best and the runner-up are within noise (the rule is in this module's
+    docstring); empty when they are apart, the objective is not a throughput, a cv is missing, or
+    either is degraded (then the other is the answer)."""
+    key, metric = cv_metric(outcome.spec.objective.primary), outcome.spec.objective.primary
+    ranked = outcome.ranked()
+    if key is None or len(ranked) < 2 or degraded(ranked[0]) or degraded(ranked[1]):
+        return ""
+    (a, b), cvs = ranked[:2], [_number(t.metrics.get(key)) for t in ranked[:2]]
+    va, vb = float(a.metrics[metric]), float(b.metrics[metric])
+    if cvs[0] is None or cvs[1] is None or min(abs(va), abs(vb)) <= 0:
+        return ""
+    gap = abs(va - vb) / min(abs(va), abs(vb)) * 100
+    if gap >= max(cvs[0], cvs[1]):
+        return ""
+    return (f"trial {a.number} and trial {b.number} are within noise: {gap:.1f}% apart, inside their sub-window "
+            f"spread (cv {cvs[0]:.1f}% / {cvs[1]:.1f}%), so neither is measurably faster")
+
+
+def _number(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
 
 
 COMPARE_AT_MOST = 30  # more runs than this make MLflow's compare view unreadable (and its URL long)
@@ -288,6 +348,9 @@ def answer(outcome: SweepOutcome) -> str:
     if spec.objective.multi:
         text += f"; the Pareto front has {len(outcome.pareto())} trial(s) (`report/pareto.csv`)"
     text += "."
+    tie = within_noise(outcome)
+    if tie:
+        text += f" {tie[0].upper()}{tie[1:]}."
     if best.verdict:
         text += f" Verdict: *{best.verdict}*."
     if degraded(best):

@@ -1,15 +1,18 @@
-"""Bottleneck verdict per trial: what bounds it, in one line, from its measured figures.
+"""Bottleneck verdict per trial: what bounds it, in one line, from its measured figures; then, across
+the sweep, the next steps that another trial already measured worse are replaced by that evidence.
 
-The rules, in the order they are tried (the first that matches wins):
+The rules for one trial, in the order they are tried (the first that matches wins). Each suggestion
+is a `Move`: the knob it changes and which way (↑ a larger value, *on*, or a value such as
+`bf16-mixed`); a move no knob measures (cheaper decode) has none.
 
-| verdict | when | suggestion |
+| verdict | when | moves |
 |---|---|---|
-| input-bound | data wait >= 20% of the measured window (and, on a GPU, utilisation < 80%) | more `num_dataloader_workers`, `pin_memory` on GPU, cheaper decode/augment |
-| compute-bound (GPU) | SM activity (GPM, Hopper+) >= 80%, or where GPM is missing NVML utilisation >= 90% | `bf16-mixed`/`tf32` on Tensor Cores, `compile` |
-| memory headroom | GPU and less than half of the device's memory reserved at peak | larger `batch_size` |
-| underutilised (GPU) | below the compute-bound bar and data wait < 20% | larger `batch_size`, `compile` (fewer launches) |
-| compute-bound (CPU) | no GPU; the rank's cores are >= 80% busy: its training process, plus its loader workers when they share its cores (`cpus_per_loader_worker: 0`) | `bf16-mixed` where the CPU has avx512_bf16/AMX, `compile`, more `cpus_per_worker` |
-| underutilised (CPU) | no GPU; the rank keeps less than 80% of even one core busy: it idles in the gradient all-reduce (waiting for a slower rank) or for a core another process holds | larger `batch_size`; fp32 where bf16 is emulated (no avx512_bf16/AMX) |
+| input-bound | data wait >= 20% of the measured window (and, on a GPU, utilisation < 80%) | `num_dataloader_workers` ↑, `pin_memory` on (GPU), cheaper decode/augment or decode on the GPU |
+| compute-bound (GPU) | SM activity (GPM, Hopper+) >= 80%, or where GPM is missing NVML utilisation >= 90% | `precision` `bf16-mixed`/`tf32` (Tensor Cores), `compile` on |
+| memory headroom | GPU and less than half of the device's memory reserved at peak | `batch_size` ↑ |
+| underutilised (GPU) | below the compute-bound bar and data wait < 20% | `batch_size` ↑, `compile` on (fewer launches) |
+| compute-bound (CPU) | no GPU; the rank's cores are >= 80% busy: its training process, plus its loader workers when they share its cores (`cpus_per_loader_worker: 0`) | `precision` `bf16-mixed` where the CPU has avx512_bf16/AMX, `compile` on, `cpus_per_worker` ↑ |
+| underutilised (CPU) | no GPU; the rank keeps less than 80% of even one core busy: it idles in the gradient all-reduce (waiting for a slower rank) or for a core another process holds | `batch_size` ↑; `precision` `32` where bf16 is emulated (no avx512_bf16/AMX) |
 | unclear | none of the above (or the figures are missing) | - |
 
 A suggestion never names what the trial already uses (bf16-mixed to a bf16-mixed trial, `compile`
@@ -22,13 +25,31 @@ workers can decode), `perf/h2d_bw_pct` (host-to-device copy bandwidth over the m
 exists, else NVML utilisation, which only says that *some* kernel ran in each sample period (a
 single tiny kernel reads as 100%). Communication-bound is not diagnosed yet: collective time is not
 measured separately.
+
+**Across the sweep** (`revise`, once all trials have ended). One trial's figures cannot tell
+whether its move pays off; the sweep may have measured it. A move is dropped when a *twin* of the
+trial ran it and did worse: a trial that differs in the move's knob in the move's direction (a
+larger `batch_size` for ↑, `compile` on, the named precision) and equals this one in every other
+logged param, numbers compared as numbers (`128` = `"128"`), a param only one of them logged
+counting as a difference. Params that do not change a step's speed are not compared (`lr`,
+`lr_effective`, `lr_warmup_steps`, `lr_schedule`, `max_grad_norm`, `seed`), nor those that follow
+from a compared knob (`global_batch_size`, `cpus_reserved`). Worse means: measured (`ok` or
+`infeasible`) and worse on the objective's primary metric in its mode, out of memory (`oom`), or
+degraded (its quality worse than the fp32 reference's, `sweeps.quality`) where this trial is not.
+A twin that measured *better* keeps the move (this trial is then simply not the best), and so does
+a tie or a twin without the metric. The dropped move becomes a citation of the nearest such twin,
+with both figures and, on a speed objective, the twin's own verdict where it says why ("batch_size
+512 (trial 8) was input-bound: 8,057/s vs 10,030/s; add loader workers first": an input-bound
+twin turns the advice to its input fix first). Moves nobody measured stay as they were.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from sweeps.outcome import MEASURED, SweepOutcome, TrialRow
 from sweeps.sol import H2D_BW_PCT, INPUT_SOL_PCT, SOL_PCT  # measured against `sweeps doctor` figures
 from trainables.contract import (
     CPU_LOADERS_PCT,
@@ -50,12 +71,32 @@ NEAR_PEAK_PCT = 60.0  # at or above: a speed-of-light figure leaves little to ga
 SATURATED_PCT = 80.0  # loader workers at or above this share of their decode capacity are the limit
 _FAST_CPU_ISA = ("amx_bf16", "avx512_bf16")
 _PEAK_NAME = {"32": "fp32", "tf32": "tf32", "16-mixed": "fp16", "bf16-mixed": "bf16"}  # whose peak a trial is held to
+UP, ON = "up", "on"  # Move.toward for a larger value and for a switch turned on; else the value itself
+
+
+@dataclass(frozen=True)
+class Move:
+    """One suggested next step: its words, and the knob and direction a sweep's trials can measure it by
+    (`toward` is UP, ON or the value the knob is set to); no knob: no trial can measure it."""
+
+    text: str
+    knob: str = ""
+    toward: str = ""
 
 
 @dataclass(frozen=True)
 class Verdict:
+    """What bounds a trial (`name`), the figures that say so, the moves to try and, once the sweep has
+    been read, the moves it measured worse, each as the evidence (`measured`)."""
+
     name: str
-    reason: str
+    facts: str
+    moves: tuple[Move, ...] = ()
+    measured: tuple[str, ...] = ()
+
+    @property
+    def reason(self) -> str:
+        return self.facts + _try(self.moves) + "".join(f"; {m}" for m in self.measured)
 
     def __str__(self) -> str:
         return f"{self.name}: {self.reason}"
@@ -74,20 +115,33 @@ def _pct(metrics: dict[str, Any], key: str) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def _try(options: list[str]) -> str:
-    return f"; try {' or '.join(options)}" if options else ""
+def _try(moves: tuple[Move, ...]) -> str:
+    return f"; try {' or '.join(m.text for m in moves)}" if moves else ""
 
 
 _FASTER = {"32": ["bf16-mixed", "tf32"], "tf32": ["bf16-mixed"]}  # on a GPU; the mixed precisions are the fastest
 
 
-def _precision_options(params: dict[str, Any], gpu: bool, isa: str) -> list[str]:
+def _precision_moves(params: dict[str, Any], gpu: bool, isa: str) -> list[Move]:
     """Faster precisions than the trial's own (on a CPU, bf16-mixed only where the ISA has bf16)."""
     now = _text(params.get("precision", ""))
     if gpu:
-        return list(_FASTER.get(now, []))
+        return [Move(p, "precision", p) for p in _FASTER.get(now, [])]
     fast = next((f for f in _FAST_CPU_ISA if f in isa), None)
-    return [f"bf16-mixed (this CPU has {fast})"] if fast and now != "bf16-mixed" else []
+    return [Move(f"bf16-mixed (this CPU has {fast})", "precision", "bf16-mixed")] if fast and now != "bf16-mixed" else []
+
+
+def _more_workers(n: int | None) -> Move:
+    return Move(f"more num_dataloader_workers (now {n})" if n is not None else "more num_dataloader_workers",
+                "num_dataloader_workers", UP)
+
+
+def _larger_batch(params: dict[str, Any], why: str = "") -> Move:
+    batch = params.get("batch_size")
+    return Move((f"a batch_size above {batch}" if batch is not None else "a larger batch_size") + why, "batch_size", UP)
+
+
+COMPILE = Move("compile", "compile", ON)
 
 
 def _input_bound(metrics: dict[str, Any], params: dict[str, Any], wait: float, said: str, gpu: bool) -> Verdict:
@@ -96,44 +150,39 @@ def _input_bound(metrics: dict[str, Any], params: dict[str, Any], wait: float, s
     loaders = "loader workers" if n is None else f"{n} loader worker{'s' if n != 1 else ''}"
     facts = [f"{wait:.0f}% of step time waiting for data"] + ([said] if said else [])
     sol, h2d = _pct(metrics, INPUT_SOL_PCT), _pct(metrics, H2D_BW_PCT)
-    options: list[str] = []
+    moves: list[Move] = []
     if sol is not None:
         facts.append(f"input pipeline at {sol:.0f}% of what {loaders} can decode")
         if sol >= SATURATED_PCT:
-            options.append(f"more num_dataloader_workers (now {n})" if n is not None else "more num_dataloader_workers")
-            options.append("decode on the GPU" if gpu else "cheaper decode/augment")
+            moves += [_more_workers(n), Move("decode on the GPU" if gpu else "cheaper decode/augment")]
         else:
-            options.append("cheaper collate/transfer (decode is not the limit)")
+            moves.append(Move("cheaper collate/transfer (decode is not the limit)"))
     else:
-        options.append(f"more num_dataloader_workers (now {n})" if n is not None else "more num_dataloader_workers")
-        options.append("cheaper decode/augment")
+        moves += [_more_workers(n), Move("cheaper decode/augment")]
     if h2d is not None:
         facts.append(f"host-to-device copies at {h2d:.0f}% of the measured bandwidth")
     if gpu and not _on(params, "pin_memory"):
-        options.append("pin_memory")
-    return Verdict("input-bound", ", ".join(facts) + _try(options))
+        moves.append(Move("pin_memory", "pin_memory", ON))
+    return Verdict("input-bound", ", ".join(facts), tuple(moves))
 
 
 def _gpu_verdict(metrics: dict[str, Any], params: dict[str, Any], util: float, said: str, busy_at: float,
                  wait: float | None) -> Verdict:
     sol = _pct(metrics, SOL_PCT)
     precision = _PEAK_NAME.get(_text(params.get("precision", "")), "its precision's")
-    compile_opt = [] if _on(params, "compile") else ["compile"]
+    compiles = [] if _on(params, "compile") else [COMPILE]
     if sol is not None and sol >= NEAR_PEAK_PCT:
-        options = _precision_options(params, True, "")
         return Verdict("compute-bound", f"{said}, compute at {sol:.0f}% of this machine's measured {precision} peak: "
-                       "little left to gain from batch size" + _try(options))
+                       "little left to gain from batch size", tuple(_precision_moves(params, True, "")))
     at_peak = f", compute at {sol:.0f}% of this machine's measured {precision} peak" if sol is not None else ""
     if util >= busy_at:
-        return Verdict("compute-bound", f"{said}{at_peak}" + _try(_precision_options(params, True, "") + compile_opt))
+        return Verdict("compute-bound", f"{said}{at_peak}", tuple(_precision_moves(params, True, "") + compiles))
     headroom, total = metrics.get(MEM_HEADROOM_GIB), metrics.get(MEM_TOTAL_GIB)
-    batch = params.get("batch_size")
-    larger = f"a batch_size above {batch}" if batch is not None else "a larger batch_size"
     if headroom is not None and total and (total - headroom) / total < MEMORY_USED_FRACTION:
-        return Verdict("memory-headroom", f"{said}{at_peak} with only {total - headroom:.1f} of "
-                       f"{total:.0f} GiB reserved" + _try([larger]))
-    return Verdict("underutilised", f"{said}{at_peak} and data wait {wait or 0:.0f}%"
-                   + _try([larger] + [f"{o} (fewer kernel launches)" for o in compile_opt]))
+        return Verdict("memory-headroom", f"{said}{at_peak} with only {total - headroom:.1f} of {total:.0f} GiB reserved",
+                       (_larger_batch(params),))
+    return Verdict("underutilised", f"{said}{at_peak} and data wait {wait or 0:.0f}%",
+                   (_larger_batch(params), *([Move("compile (fewer kernel launches)", "compile", ON)] if compiles else [])))
 
 
 def _cpu_verdict(metrics: dict[str, Any], params: dict[str, Any], wait: float | None) -> Verdict | None:
@@ -150,21 +199,17 @@ def _cpu_verdict(metrics: dict[str, Any], params: dict[str, Any], wait: float | 
     peak = f", compute at {sol:.0f}% of this machine's measured {named} peak" if sol is not None else ""
     isa = _text(metrics.get("device/cpu_isa", ""))
     if busy >= CPU_BUSY_FRACTION * 100 * cores:
-        options = _precision_options(params, False, isa)
-        if not _on(params, "compile"):
-            options.append("compile")
-        options.append("more cpus_per_worker (or a GPU)")
+        moves = _precision_moves(params, False, isa) + ([] if _on(params, "compile") else [COMPILE])
+        moves.append(Move("more cpus_per_worker (or a GPU)", "cpus_per_worker", UP))
         return Verdict("compute-bound", f"the rank's core(s) are saturated: {how} of {cores:.0f} core(s) busy{peak}, "
-                       f"data wait {wait or 0:.0f}%" + _try(options))
+                       f"data wait {wait or 0:.0f}%", tuple(moves))
     if busy < CPU_BUSY_FRACTION * 100:  # not even one core kept busy: the rank waits on something else
-        batch = params.get("batch_size")
-        options = [f"a batch_size above {batch} (fewer all-reduces per sample)" if batch is not None
-                   else "a larger batch_size (fewer all-reduces per sample)"]
+        moves = [_larger_batch(params, " (fewer all-reduces per sample)")]
         if _text(params.get("precision")) == "bf16-mixed" and isa and not any(f in isa for f in _FAST_CPU_ISA):
-            options.append("precision 32 (this CPU has no avx512_bf16/AMX: bf16 runs emulated)")
+            moves.append(Move("precision 32 (this CPU has no avx512_bf16/AMX: bf16 runs emulated)", "precision", "32"))
         return Verdict("underutilised", f"only {how} of {cores:.0f} core(s) busy{peak}, data wait "
                        f"{wait or 0:.0f}%: the rest of each step the rank sits idle, waiting for the other ranks in "
-                       "the gradient all-reduce or for a core another process holds" + _try(options))
+                       "the gradient all-reduce or for a core another process holds", tuple(moves))
     return None
 
 
@@ -186,3 +231,144 @@ def verdict(metrics: dict[str, Any], params: dict[str, Any]) -> Verdict:
     shown = ", ".join(f"{k}={metrics[k]:.0f}" for k in (DATA_WAIT_PCT, CPU_WORKER_PCT, CPU_LOADERS_PCT)
                       if _pct(metrics, k) is not None)
     return Verdict("unclear", f"no single bottleneck stands out ({shown or 'no figures'})")
+
+
+# Not compared between twins: params that do not change a step's speed, and those that follow from a
+# knob compared itself (global batch from batch_size, the CPUs reserved from the loader workers).
+NOT_SPEED = frozenset({"lr", "lr_effective", "lr_warmup_steps", "lr_schedule", "max_grad_norm", "seed",
+                       "global_batch_size", "cpus_reserved"})
+_EVIDENCE = (*MEASURED, "oom")
+_SAYS_WHY = ("input-bound", "compute-bound")  # a twin's verdict that explains why it was slower
+_SPEED_METRICS = ("throughput/", "time/", "perf/", "predict/time")  # objectives a bottleneck explains
+MAX_TAG_LEN = 5000
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, bool):
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as logged: numbers as numbers (MLflow gives "128" back for 128), the rest as lower-case text."""
+    x, y = _number(a), _number(b)
+    return x == y if x is not None and y is not None else _text(a) == _text(b)
+
+
+def _toward(move: Move, here: Any, there: Any) -> bool:
+    """Whether a trial with `there` for the move's knob ran the move from `here`."""
+    if move.toward == UP:
+        a, b = _number(here), _number(there)
+        return a is not None and b is not None and b > a
+    if move.toward == ON:
+        return _text(there) in ("true", "1") and _text(here) not in ("true", "1")
+    return _same(there, move.toward) and not _same(here, move.toward)
+
+
+def _twins(a: TrialRow, b: TrialRow, knob: str) -> bool:
+    keys = (a.params.keys() | b.params.keys()) - NOT_SPEED - {knob}
+    return all(k in a.params and k in b.params and _same(a.params[k], b.params[k]) for k in keys)
+
+
+def _score(t: TrialRow, metric: str, mode: str) -> float | None:
+    """The trial's objective value, signed so that higher is better; None when it was not measured."""
+    v = _number(t.metrics.get(metric)) if t.status in MEASURED else None
+    return None if v is None or v != v else (v if mode == "max" else -v)
+
+
+def _evidence(t: TrialRow, move: Move, rows: list[TrialRow], metric: str, mode: str) -> TrialRow | None:
+    """The nearest twin that ran `move` and did worse than `t`; None when none did, or when one did better."""
+    here, mine = t.params.get(move.knob), _score(t, metric, mode)
+    worse = []
+    for e in rows:
+        if (e is t or e.status not in _EVIDENCE or not _toward(move, here, e.params.get(move.knob))
+                or not _twins(t, e, move.knob)):
+            continue
+        theirs = _score(e, metric, mode)
+        if e.degraded and not t.degraded:  # faster or not, its result is worse than the fp32 reference's
+            worse.append(e)
+            continue
+        if e.status != "oom" and (mine is None or theirs is None or theirs == mine):
+            continue  # nothing to compare: neither for the move nor against it
+        if theirs is not None and mine is not None and theirs > mine:
+            return None
+        worse.append(e)
+
+    def nearest(e: TrialRow) -> tuple[float, bool, float]:
+        step = abs((_number(e.params.get(move.knob)) or 0.0) - (_number(here) or 0.0)) if move.toward == UP else 0.0
+        return step, e.status == "oom" or bool(e.degraded), -(_score(e, metric, mode) or 0.0)
+
+    return min(worse, key=nearest, default=None)
+
+
+def _figure(metric: str, v: float) -> str:
+    n = f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+    return f"{n}/s" if metric.startswith("throughput/") else n
+
+
+def _setting(knob: str, value: Any) -> str:
+    if _text(value) in ("true", "false"):
+        return f"{knob} {'on' if _text(value) == 'true' else 'off'}"
+    n = _number(value)
+    return f"{knob} {int(n) if n is not None and n.is_integer() else value}"
+
+
+def _cite(t: TrialRow, move: Move, e: TrialRow, metric: str, verdicts: dict[str, Verdict]) -> str:
+    """The evidence that replaces a move: which twin ran it, how it did, and what to fix first."""
+    ran = f"{_setting(move.knob, e.params.get(move.knob))} (trial {e.number})"
+    if e.status == "oom":
+        return f"{ran} ran out of memory"
+    if e.degraded and not t.degraded:
+        return f"{ran} was degraded: {e.degraded}"
+    speed = metric.startswith(_SPEED_METRICS)
+    theirs = verdicts[e.trial_id] if e.trial_id in verdicts else None
+    why = f"was {theirs.name}" if speed and theirs and theirs.name in _SAYS_WHY else (
+        "measured slower" if speed else "measured worse")
+    a, b = _figure(metric, float(e.metrics[metric])), _figure(metric, float(t.metrics[metric]))
+    text = f"{ran} {why}: {a} vs {b}" if metric.startswith("throughput/") else f"{ran} {why}: {metric} {a} vs {b}"
+    if speed and theirs and theirs.name == "input-bound":  # its input fix comes before the move
+        fix = theirs.moves[0] if theirs.moves else None
+        text += ("; add loader workers first" if fix and fix.knob == "num_dataloader_workers"
+                 else f"; {fix.text} first" if fix else "; fix its input first")
+    return text
+
+
+def revise(rows: list[TrialRow], metric: str, mode: str) -> dict[str, Verdict]:
+    """Each measured trial's verdict (by trial_id) with the moves a twin measured worse replaced by that
+    evidence; `metric` and `mode` ("max"/"min") are the objective's primary ones."""
+    first = {t.trial_id: verdict(t.metrics, t.params) for t in rows if t.status in MEASURED}
+    refuted: dict[str, list[tuple[Move, TrialRow]]] = {}
+    for t in rows:
+        if t.trial_id in first:
+            found = [(m, _evidence(t, m, rows, metric, mode)) for m in first[t.trial_id].moves if m.knob]
+            refuted[t.trial_id] = [(m, e) for m, e in found if e is not None]
+    kept = {tid: dataclasses.replace(v, moves=tuple(m for m in v.moves if m not in {r for r, _ in refuted[tid]}))
+            for tid, v in first.items()}
+    by_id = {t.trial_id: t for t in rows}
+    return {tid: dataclasses.replace(v, measured=tuple(_cite(by_id[tid], m, e, metric, kept) for m, e in refuted[tid]))
+            for tid, v in kept.items()}
+
+
+def revise_verdicts(outcome: SweepOutcome) -> dict[str, dict[str, str]]:
+    """Revise every finished trial's verdict against the whole sweep, in place (`row.verdict`), and return
+    the tags to log again on the child runs whose verdict changed (run_id -> tags).
+
+    Only a verdict that is still this module's verdict for its trial's figures is revised: its
+    text is the one-trial verdict, or a revision of it (a resumed sweep revises again with its new
+    trials). A verdict logged by other rules (an older version) is left as it was logged."""
+    obj = outcome.spec.objective
+    revised = revise(outcome.trials, obj.primary, obj.primary_mode)
+    updates: dict[str, dict[str, str]] = {}
+    for row in outcome.trials:
+        v = revised.get(row.trial_id)
+        if v is None or not row.verdict:
+            continue
+        head = f"{v.name}: {v.facts}"
+        if (row.verdict == head or row.verdict.startswith(head + "; ")) and row.verdict != str(v):
+            row.verdict = str(v)
+            if row.run_id:
+                updates[row.run_id] = {"sweep.verdict_reason": v.reason[:MAX_TAG_LEN]}
+    return updates

@@ -1,6 +1,7 @@
 """Reports of a real sweep: figures on the parent run (read back: size, not blank), the HTML
 summary, `sweeps report` text and JSON, and the MLflow UI checked in headless Chromium; and, without
-Ray, the Pareto front and the best configuration's `space:` fragment."""
+Ray, the Pareto front, the best configuration's `space:` fragment, the verdicts revised against the
+whole sweep (as the sweep left them and as `sweeps report` reads them back) and "within noise"."""
 
 from __future__ import annotations
 
@@ -29,11 +30,24 @@ from PIL import Image
 
 from sweeps.cli import main
 from sweeps.outcome import SweepOutcome, TrialRow, pareto_rows
-from sweeps.plots import MAX_LABELS, TOP_N, figures, publish
-from sweeps.report import answer, baseline, best_fragment, rows_from_runs, speedups, sweep_note, trials_table
+from sweeps.plots import MAX_LABELS, TOP_N, figures, publish, summary_html
+from sweeps.quality import log_updates
+from sweeps.report import (
+    answer,
+    baseline,
+    best_fragment,
+    load_outcome,
+    next_steps,
+    rows_from_runs,
+    speedups,
+    sweep_note,
+    trials_table,
+)
 from sweeps.space import resolve_trial, trial_params
 from sweeps.spec import KNOBS, parse_spec
 from sweeps.tracking import SweepTracker, ui_hint, ui_links
+from sweeps.verdict import revise_verdicts
+from tests.test_verdict import gpu_row, h100_rows
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 REPO = Path(__file__).resolve().parents[1]
@@ -434,3 +448,80 @@ def test_the_printed_urls_land_on_the_answer_in_chromium(tmp_path: Path, capsys:
 
 def outcome_experiment(uri: str, outcome: SweepOutcome) -> str:
     return str(MlflowClient(uri).get_run(outcome.parent_run_id).info.experiment_id)
+
+
+CV = "throughput/samples_per_s_cv_pct"
+_TIE = ("Trial 7 and trial 5 are within noise: 2.8% apart, inside their sub-window spread (cv 2.4% / 3.1%), "
+        "so neither is measurably faster")
+
+
+def _h100_outcome(fp16: float, cvs: tuple[float | None, float | None], spec: str = DEMO) -> SweepOutcome:
+    """The H100 grid as the sweep leaves it (verdicts revised), trial 5 (fp16, the runner-up) at `fp16`
+    samples/s, and the two best trials' cvs."""
+    rows = h100_rows()
+    rows[4].metrics[TPUT] = fp16
+    for t, cv in zip((rows[6], rows[4]), cvs, strict=True):
+        if cv is not None:
+            t.metrics[CV] = cv
+    outcome = SweepOutcome(parse_spec(spec), "parent0", "sqlite:///mlflow.db", rows, 1.0)
+    revise_verdicts(outcome)
+    return outcome
+
+
+def test_the_best_and_the_runner_up_within_noise_are_said_to_be() -> None:
+    tied = _h100_outcome(9760.0, (2.4, 3.1))  # 10,030 vs 9,760: 2.8% apart, below the larger cv (not the smaller)
+    assert tied.best is not None and tied.best.number == 7
+    assert f"{_TIE}." in answer(tied) and f"{_TIE}." in sweep_note(tied)
+    assert next_steps(tied).endswith(f"add loader workers first. {_TIE}")
+    head = trials_table(tied).splitlines()[0].split()
+    assert head[head.index(TPUT) + 1] == CV  # the spread beside the figure it qualifies
+    page = summary_html(tied, {}, [])
+    assert page.count("are within noise: 2.8% apart") == 1  # in the answer, not again under Next
+    for apart in (_h100_outcome(9699.0, (2.4, 3.1)),  # 3.4% apart: more than either spread
+                  _h100_outcome(9760.0, (2.4, None)),  # no cv for one of them: no figure invented
+                  _h100_outcome(9760.0, (2.4, 3.1), DEMO.replace("throughput/samples_per_s, mode: max",
+                                                                 "loss/val, mode: min"))):  # not a throughput
+        assert "within noise" not in answer(apart) + next_steps(apart) + sweep_note(apart)
+    plain = trials_table(_h100_outcome(9760.0, (None, None)))
+    assert CV not in plain  # nobody reported it: no empty column
+
+
+def test_the_answer_and_next_step_carry_the_revised_verdict() -> None:
+    outcome = _h100_outcome(9699.0, (None, None))
+    cited = "batch_size 512 (trial 8) was input-bound: 8,057/s vs 10,030/s; add loader workers first"
+    assert next_steps(outcome) == ("best trial 7 is memory-headroom: SM active (GPM) 26%, compute at 15% of this "
+                                   f"machine's measured bf16 peak with only 4.0 of 79 GiB reserved; {cited}")
+    assert "a batch_size above 128" not in trials_table(outcome) + answer(outcome)
+    assert "trial 7: memory-headroom: SM active (GPM) 26%" in trials_table(outcome).split("Bottleneck verdicts:")[1]
+    assert cited in answer(outcome) and cited in summary_html(outcome, {}, [])
+
+
+def test_sweeps_report_reads_back_the_revised_verdicts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A sweep logged as the callback leaves it (one-trial verdicts): `sweeps report` revises them as the
+    runner does; once the runner has logged its revision, the report reads the same text back."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    spec = parse_spec(DEMO)
+    tracker = SweepTracker(uri, "revise-exp")
+    parent = tracker.start_sweep(spec.name, spec.description, DEMO, {})
+    rows = [*h100_rows(), gpu_row(9, 1024, "bf16-mixed", None, status="oom")]
+    for t in rows:
+        tracker.start_trial(t.trial_id, t.number, t.params)
+        tracker.log_result(t.trial_id, {**t.metrics, "device/cpu_isa": "avx2 avx512f"}, 60)
+        tags = dict(zip(("sweep.verdict", "sweep.verdict_reason"), t.verdict.split(": ", 1), strict=True)) if t.verdict else {}
+        tracker.end_trial(t.trial_id, t.status == "ok", t.status, t.reason, tags)
+        t.run_id = tracker.run_id(t.trial_id)
+    tracker.end_sweep("FINISHED", {TPUT: 10030.0}, {})
+    client = MlflowClient(uri)
+    before = load_outcome(client, spec.name)
+    assert before.best is not None and before.best.number == 7
+    assert "; batch_size 512 (trial 8) was input-bound: 8,057/s vs 10,030/s" in before.best.verdict
+    assert before.trials[0].metrics["device/cpu_isa"] == "avx2 avx512f"  # the loop's text facts come back too
+    outcome = SweepOutcome(spec, parent, uri, rows, 1.0)
+    updates = revise_verdicts(outcome)  # what the runner does at the sweep's end
+    log_updates(client, {run: ({}, tags) for run, tags in updates.items()})
+    after = load_outcome(client, spec.name)
+    assert [t.verdict for t in after.trials] == [t.verdict for t in before.trials] == [t.verdict for t in rows]
+    assert main(["report", spec.name, "--tracking-uri", uri]) == 0
+    printed = capsys.readouterr().out
+    assert "  trial 7: memory-headroom: " in printed and "try a batch_size above 128" not in printed
+    assert "\nNext: best trial 7 is memory-headroom: " in printed and "add loader workers first\n" in printed
