@@ -28,6 +28,7 @@ from sweeps.spec import SweepSpec
 from sweeps.state import SweepState, experiment_dir, resume_command
 from sweeps.tracking import SweepTracker
 from sweeps.trial import run_trial
+from sweeps.verdict import revise_verdicts
 
 logger = logging.getLogger(__name__)
 
@@ -150,6 +151,9 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
         outcome = SweepOutcome(spec, parent, uri, sorted(callback.rows.values(), key=lambda r: r.number),
                                time.monotonic() - t0, tripped, interrupted)
         quality_note, quality_updates = annotate(outcome)  # guardrail and predicted time to target: across trials
+        for run_id, tags in revise_verdicts(outcome).items():  # next steps another trial measured worse: cited
+            metrics, logged = quality_updates.get(run_id, ({}, {}))
+            quality_updates[run_id] = (metrics, {**logged, **tags})
         best = outcome.best
         metrics = {spec.objective.primary: float(best.metrics[spec.objective.primary])} if best else {}
         tags = {"sweep.trials_ok": str(len(outcome.ranked())), "sweep.trials_total": str(len(outcome.trials)),
@@ -165,7 +169,7 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
             try:
                 log_updates(tracker.client, quality_updates)
             except Exception as exc:  # noqa: BLE001 - the trials are done; say what was not recorded
-                echo(f"WARNING: could not log the quality figures to MLflow ({type(exc).__name__}: {exc})")
+                echo(f"WARNING: could not log the sweep-level figures (quality, revised verdicts) to MLflow ({type(exc).__name__}: {exc})")
         if not tracker.flush():
             path = tracker.dump_pending()
             echo(f"WARNING: MLflow stayed unreachable ({tracker.degraded_reason}); {len(tracker.pending)} tracking "
