@@ -23,16 +23,14 @@ import yaml
 from sweeps.outcome import MEASURED, SweepOutcome, TrialRow
 from sweeps.quality import DEGRADED_TAG
 from sweeps.spec import KNOBS, CategoricalParam, FixedParam, IntParam, Param, Scalar
-from sweeps.verdict import revise_verdicts
+from sweeps.verdict import noise_tie, revise_verdicts
 from trainables.contract import (
     DATA_WAIT_PCT,
     LOSS_VAL,
     METRIC_KEY,
     STEP_TIME_MS,
     THROUGHPUT_UNITS,
-    per_worker_throughput_key,
     throughput_cv_key,
-    throughput_key,
 )
 
 _COLUMNS = ("batch_size", "precision", "lr", "num_dataloader_workers", "pin_memory")
@@ -248,30 +246,19 @@ def next_steps(outcome: SweepOutcome, noise: bool = True) -> str:
     return f"best trial {best.number} is {best.verdict}" + (f". {tie[0].upper()}{tie[1:]}" if tie else "")
 
 
-def cv_metric(metric: str) -> str | None:
-    """The sub-window spread the loop reports for a throughput metric (global or per worker: the same
-    spread, one is the other over the world size); None for any other metric."""
-    unit = next((u for u in THROUGHPUT_UNITS if metric in (throughput_key(u), per_worker_throughput_key(u))), None)
-    return throughput_cv_key(unit) if unit is not None else None
-
-
 def within_noise(outcome: SweepOutcome) -> str:
     """The sentence that says the best and the runner-up are within noise (the rule is in this module's
     docstring); empty when they are apart, the objective is not a throughput, a cv is missing, or
     either is degraded (then the other is the answer)."""
-    key, metric = cv_metric(outcome.spec.objective.primary), outcome.spec.objective.primary
     ranked = outcome.ranked()
-    if key is None or len(ranked) < 2 or degraded(ranked[0]) or degraded(ranked[1]):
+    if len(ranked) < 2 or degraded(ranked[0]) or degraded(ranked[1]):
         return ""
-    (a, b), cvs = ranked[:2], [_number(t.metrics.get(key)) for t in ranked[:2]]
-    va, vb = float(a.metrics[metric]), float(b.metrics[metric])
-    if cvs[0] is None or cvs[1] is None or min(abs(va), abs(vb)) <= 0:
+    (a, b), tie = ranked[:2], noise_tie(ranked[0], ranked[1], outcome.spec.objective.primary)
+    if tie is None:
         return ""
-    gap = abs(va - vb) / min(abs(va), abs(vb)) * 100
-    if gap >= max(cvs[0], cvs[1]):
-        return ""
+    gap, cv_a, cv_b = tie
     return (f"trial {a.number} and trial {b.number} are within noise: {gap:.1f}% apart, inside their sub-window "
-            f"spread (cv {cvs[0]:.1f}% / {cvs[1]:.1f}%), so neither is measurably faster")
+            f"spread (cv {cv_a:.1f}% / {cv_b:.1f}%), so neither is measurably faster")
 
 
 def _number(v: Any) -> float | None:

@@ -58,6 +58,10 @@ from trainables.contract import (
     GPU_UTIL_MEAN_PCT,
     MEM_HEADROOM_GIB,
     MEM_TOTAL_GIB,
+    THROUGHPUT_UNITS,
+    per_worker_throughput_key,
+    throughput_cv_key,
+    throughput_key,
 )
 
 SM_ACTIVE_PCT = "gpu/sm_active_mean_pct"
@@ -243,6 +247,26 @@ _SPEED_METRICS = ("throughput/", "time/", "perf/", "predict/time")  # objectives
 MAX_TAG_LEN = 5000
 
 
+def cv_metric(metric: str) -> str | None:
+    """The sub-window spread the loop reports for a throughput metric (global or per worker: the same
+    spread, one is the other over the world size); None for any other metric."""
+    unit = next((u for u in THROUGHPUT_UNITS if metric in (throughput_key(u), per_worker_throughput_key(u))), None)
+    return throughput_cv_key(unit) if unit is not None else None
+
+
+def noise_tie(a: TrialRow, b: TrialRow, metric: str) -> tuple[float, float, float] | None:
+    """(gap %, cv of a, cv of b) when the two trials' `metric` differ by less than the larger of their
+    sub-window spreads (the gap relative to the lower value): a tie, not a finding. None when they
+    are apart, or a figure is missing (never a guessed spread)."""
+    key = cv_metric(metric)
+    va, vb = _number(a.metrics.get(metric)), _number(b.metrics.get(metric))
+    cv_a, cv_b = (_number(a.metrics.get(key)), _number(b.metrics.get(key))) if key else (None, None)
+    if va is None or vb is None or cv_a is None or cv_b is None or min(abs(va), abs(vb)) <= 0:
+        return None
+    gap = abs(va - vb) / min(abs(va), abs(vb)) * 100
+    return (gap, cv_a, cv_b) if gap < max(cv_a, cv_b) else None
+
+
 def _number(v: Any) -> float | None:
     if isinstance(v, bool):
         return None
@@ -291,8 +315,8 @@ def _evidence(t: TrialRow, move: Move, rows: list[TrialRow], metric: str, mode: 
         if e.degraded and not t.degraded:  # faster or not, its result is worse than the fp32 reference's
             worse.append(e)
             continue
-        if e.status != "oom" and (mine is None or theirs is None or theirs == mine):
-            continue  # nothing to compare: neither for the move nor against it
+        if e.status != "oom" and (mine is None or theirs is None or theirs == mine or noise_tie(t, e, metric)):
+            continue  # nothing to compare, or a difference inside both trials' noise: neither for the move nor against it
         if theirs is not None and mine is not None and theirs > mine:
             return None
         worse.append(e)

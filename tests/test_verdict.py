@@ -227,3 +227,14 @@ def test_revise_verdicts_updates_rows_in_place_once_and_leaves_foreign_text() ->
     rows.append(gpu_row(9, 256, "bf16-mixed", 9500))  # a resumed sweep's new trial: nearer evidence
     assert set(revise_verdicts(outcome)) == {"run7", "run9"}
     assert rows[6].verdict.endswith("reserved; batch_size 256 (trial 9) measured slower: 9,500/s vs 10,030/s")
+
+
+def test_a_twin_slower_only_within_both_trials_noise_is_a_tie_not_evidence() -> None:
+    cv = "throughput/samples_per_s_cv_pct"
+    plain = gpu_row(1, 128, "bf16-mixed", 6000, sm=95, sol=30)
+    compiled = gpu_row(2, 128, "bf16-mixed", 5900, sm=40, sol=20, compile=True)  # 1.7% slower
+    plain.metrics[cv], compiled.metrics[cv] = 0.8, 2.5  # ... inside the larger spread: not measured slower
+    assert _suggestion(revise([plain, compiled], TPUT, "max")["t1"].reason) == "compile"
+    compiled.metrics[cv] = 1.2  # now outside both spreads: the slower compiled twin is evidence
+    assert revise([plain, compiled], TPUT, "max")["t1"].measured == (
+        "compile on (trial 2) measured slower: 5,900/s vs 6,000/s",)
