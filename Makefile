@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 UI_PORT ?= 5000
 
-.PHONY: install install-dev browser demo test lint ui bench clean
+.PHONY: install install-dev browser demo test lint ui bench clean gpu-acceptance
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,3 +57,12 @@ bench: install
 	cd benchmarks && ../$(PY) loop_parity.py --rounds 3 --steps 300
 	cd benchmarks && ../$(PY) sweep_overhead.py --rounds 1 --variants default,lean-reuse
 	cd benchmarks && ../$(PY) search_landscape.py --seeds 10 --budget 40
+
+# GPU acceptance on a CUDA machine: sweeps doctor --gpu-checks, the GPT-2 small and image-cnn precision x batch
+# grids, the memory probe + compile, loop parity against benchmarks/plain_ddp.py. Each stage that runs appends a
+# results.jsonl row; a table ends the run. Without CUDA every stage skips with its reason. On a fresh GPU machine,
+# install the torch build for its CUDA first, e.g. make gpu-acceptance TORCH_SPEC=torch==2.11.0 (see TORCH_SPEC).
+# GPU_ACCEPTANCE_ARGS, e.g. "--stages gpt,parity --out /data/acceptance" (default: all stages, a temp folder).
+GPU_ACCEPTANCE_ARGS ?=
+gpu-acceptance: install
+	$(PY) benchmarks/gpu_acceptance.py $(GPU_ACCEPTANCE_ARGS)

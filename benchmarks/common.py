@@ -86,3 +86,20 @@ class TrialTimes:
             self.starts[int(m.group(1))] = now
         elif (m := self._END.match(line)) and int(m.group(1)) in self.starts:
             self.walls[int(m.group(1))] = now - self.starts[int(m.group(1))]
+
+
+def make_entry(name: str, command: str, rows: list[dict[str, Any]], machine_info: dict[str, Any] | None = None,
+               date: str | None = None, **extra: Any) -> dict[str, Any]:
+    """A results.jsonl entry like `record` writes; `machine_info` and `date` default to this machine and today
+    (pass them for figures recorded from another machine's run), `extra` adds keys (e.g. a stage, provenance)."""
+    return {"benchmark": name, "date": date or dt.date.today().isoformat(), "command": command,
+            "machine": machine_info if machine_info is not None else machine(), **extra, "rows": rows}
+
+
+def append_entry(entry: dict[str, Any], path: Path = RESULTS) -> int:
+    """Append one entry to results.jsonl (or `path`); returns its 1-based line number."""
+    with open(path, "a+") as f:
+        f.write(json.dumps(entry) + "\n")
+        f.flush()
+        f.seek(0)
+        return sum(1 for _ in f)
