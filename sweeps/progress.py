@@ -17,6 +17,7 @@ from typing import TextIO
 
 from sweeps.outcome import MEASURED, NOT_FAILED, UNFINISHED, TrialRow
 from sweeps.spec import SweepSpec
+from sweeps.verdict import cv_metric
 from trainables.contract import LOOP_S, WARMUP_S, WINDOW_S
 
 
@@ -72,7 +73,10 @@ def progress_line(spec: SweepSpec, row: TrialRow, rows: list[TrialRow], elapsed:
     status = sweep_status(spec, rows, elapsed)
     metric = spec.objective.primary
     if row.status in MEASURED:
-        what = f"{metric}={row.metrics.get(metric, float('nan')):.4g} [{row.verdict.split(':')[0]}]"
+        key = cv_metric(metric)
+        cv = row.metrics.get(key) if key else None
+        spread = f" (cv {cv:.1f}% over its window)" if isinstance(cv, (int, float)) else ""
+        what = f"{metric}={row.metrics.get(metric, float('nan')):.4g}{spread} [{row.verdict.split(':')[0]}]"
         what += f" INFEASIBLE: {row.reason}" if row.status == "infeasible" else ""
     else:
         failed = row.status not in NOT_FAILED

@@ -10,7 +10,8 @@ neighbouring ones share clocks, heat and the loader's state. It also answers ano
 precise one window's mean is) than the one asked here (would a rerun of each configuration keep
 the order), and runs of one configuration usually differ by more than that. A sub-window's spread is a
 plain, conservative bar: it errs towards "not settled", the cheaper mistake. Without the cv of
-either trial nothing is said.
+either trial nothing is said. The rule is `sweeps.verdict.noise_tie`, which the verdicts use too: a
+trial slower than another only within that bar is no evidence against what it ran.
 """
 
 from __future__ import annotations
@@ -247,8 +248,8 @@ def next_steps(outcome: SweepOutcome, noise: bool = True) -> str:
 
 
 def within_noise(outcome: SweepOutcome) -> str:
-    """The sentence that says the best and the runner-up are within noise (the rule is in this module's
-    docstring); empty when they are apart, the objective is not a throughput, a cv is missing, or
+    """The sentence that says the best and the runner-up are within noise (the rule, `noise_tie`, is
+    argued in this module's docstring); empty when they are apart, the objective is not a throughput, a cv is missing, or
     either is degraded (then the other is the answer)."""
     ranked = outcome.ranked()
     if len(ranked) < 2 or degraded(ranked[0]) or degraded(ranked[1]):

@@ -3,31 +3,21 @@ recorded H100 run from fakes and files (no Ray, no GPU)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.bench_module import REPO, load
+
 H100 = REPO / "benchmarks" / "gpu" / "h100-2026-11-24"
 
 
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_acceptance", REPO / "benchmarks" / "gpu_acceptance.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-ga = _load()
+ga = load("gpu_acceptance")
 MACHINE = {"gpu": "Fake GPU", "cores": 2}
 
 

@@ -2,32 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.bench_module import REPO, load
 
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("plain_ddp", REPO / "benchmarks" / "plain_ddp.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-pd = _load()
+pd = load("plain_ddp")
 
 
 def test_plan_cuda_and_cpu() -> None:

@@ -105,3 +105,10 @@ def test_the_overhead_line_splits_probe_warm_up_and_the_services_own_cost() -> N
                     "service's share")
     assert overhead_line([TrialRow("f", 1, {}, status="oom")], 10.0, None) == (
         "one Ray Train run per trial; no trial ran its loop to the end, so no overhead figure")
+
+
+def test_a_trial_line_shows_its_throughputs_spread_where_measured() -> None:
+    row = TrialRow("t1", 1, {}, status="ok", verdict="compute-bound: busy",
+                   metrics={METRIC: 510.9, "throughput/samples_per_s_cv_pct": 2.345})
+    line = progress_line(SPEC, row, [row], elapsed=5.0)
+    assert line.startswith("[trial 1/4] throughput/samples_per_s=510.9 (cv 2.3% over its window) [compute-bound] |")
