@@ -39,7 +39,7 @@ def resolve_trial(spec: SweepSpec, sampled: dict[str, Any], metrics_path: str | 
     batch, accum = int(knobs["batch_size"]), int(knobs["grad_accum_steps"])
     global_batch = batch * accum * spec.scaling.num_workers
     lr = float(knobs["lr"]) * (spec.lr_scaling.factor(global_batch) if spec.lr_scaling is not None else 1.0)
-    b, target = spec.budget, spec.objective.target
+    b, target, es = spec.budget, spec.objective.target, spec.search.early_stopping
     if b.num_steps is not None:
         num_steps = b.num_steps
     else:  # equal data: the loop plans from its warm-up's items per step; this is exact for samples
@@ -70,7 +70,9 @@ def resolve_trial(spec: SweepSpec, sampled: dict[str, Any], metrics_path: str | 
         num_steps=num_steps,
         num_warmup_steps=spec.budget.num_warmup_steps,
         report_interval_s=spec.budget.report_interval_s,
-        min_window_s=b.window_s(spec.scaling.use_gpu) if target is None else 0.0,  # a target sets the length
+        # a target sets the length; ASHA on steps compares and ends trials at num_steps
+        min_window_s=0.0 if target is not None else b.window_s(
+            spec.scaling.use_gpu, steps_fixed=es is not None and es.grace_steps is not None),
         loader_timeout_s=spec.budget.loader_timeout_s,
         collective_timeout_s=spec.budget.collective_timeout_s,
         checkpoint_every_steps=spec.budget.checkpoint_every_steps,

@@ -503,11 +503,12 @@ class BudgetSpec(BaseModel):
                              "num_warmup_steps must be >= 1")
         return self
 
-    def window_s(self, use_gpu: bool) -> float:
+    def window_s(self, use_gpu: bool, steps_fixed: bool = False) -> float:
         """The measured window's least length: as given, else 10 s on GPU (a GPU step takes milliseconds:
         a window of a few steps is shorter than two telemetry samples) and 0 on CPU (a CPU step takes
-        tens of milliseconds or more, so num_steps already spans seconds). An equal-data budget rules."""
-        if self.num_items:
+        tens of milliseconds or more, so num_steps already spans seconds). An equal-data budget rules,
+        and so does ASHA on steps (`steps_fixed`: it compares and ends trials at num_steps)."""
+        if self.num_items or steps_fixed:
             return 0.0
         return self.min_window_s if self.min_window_s is not None else (GPU_MIN_WINDOW_S if use_gpu else 0.0)
 
@@ -666,6 +667,10 @@ class SweepSpec(BaseModel):
                 and es.grace_steps >= self.budget.num_steps:
             raise ValueError(f"search.early_stopping.grace_steps ({es.grace_steps}) must be below budget.num_steps "
                              f"({self.budget.num_steps}), or nothing is ever stopped")
+        if es is not None and es.grace_steps is not None and self.budget.min_window_s:
+            raise ValueError(f"budget.min_window_s: {self.budget.min_window_s:g} would run trials past num_steps, "
+                             "where ASHA (search.early_stopping.grace_steps) compares and ends them at equal steps; "
+                             "remove min_window_s and give a num_steps long enough, or remove early_stopping")
         if es is not None and not ttt and self.budget.num_steps is None:
             raise ValueError("search.early_stopping: ASHA compares trials at equal steps, which an equal-data budget "
                              "does not give; use budget.num_steps with early stopping, add an objective.target "

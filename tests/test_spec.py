@@ -115,6 +115,9 @@ BAD = {
                                    "each trial's length"),
     "negative min window": (BASE.replace("num_steps: 5", "num_steps: 5, min_window_s: -1"),
                             "budget.min_window_s: Input should be greater than or equal to 0"),
+    "min window with asha on steps": (BASE.replace("num_steps: 5", "num_steps: 50, min_window_s: 10")
+                                      + "search: {early_stopping: {grace_steps: 5}}\n",
+                                      "budget.min_window_s: 10 would run trials past num_steps, where ASHA"),
     "lr scaling rule": (BASE + "lr_scaling: {rule: cubic, reference_batch_size: 64}\n",
                         "lr_scaling.rule: Input should be 'linear', 'sqrt' or 'none'"),
     "lr scaling reference": (BASE + "lr_scaling: {rule: linear}\n", "lr_scaling.reference_batch_size: Field required"),
@@ -181,3 +184,6 @@ def test_min_window_defaults_to_ten_seconds_on_gpu_and_off_on_cpu() -> None:
     assert [resolve_trial(s, {}).min_window_s for s in (cpu, gpu, given)] == [0.0, 10.0, 3.5]
     data = parse_spec(BASE.replace("num_steps: 5", "num_samples: 4096") + "scaling: {use_gpu: true, num_workers: 1}\n")
     assert resolve_trial(data, {}).min_window_s == 0.0  # the data budget rules
+    asha = parse_spec(BASE.replace("num_steps: 5", "num_steps: 50") + "search: {early_stopping: {grace_steps: 5}}\n"
+                      + "scaling: {use_gpu: true, num_workers: 1}\n")
+    assert resolve_trial(asha, {}).min_window_s == 0.0  # ASHA ends trials at num_steps: steps rule

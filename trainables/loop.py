@@ -496,7 +496,7 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
                     (seen_warm,) = _all_reduce([float(seen)], device)
                     plan[0], last_items = _data_plan(cfg.num_items, seen_warm, cfg.num_warmup_steps)
                     if last_items:  # the last step takes only what completes the budget (ceil: within a sample per rank)
-                        tail = (cfg.num_warmup_steps + plan[0] - 1, math.ceil(last_items / world))
+                        tail = (cfg.num_warmup_steps + plan[0] - done_before - 1, math.ceil(last_items / world))
                 if state is not None:  # resumed: undo warm-up's updates, continue from the checkpoint
                     _apply_state(state, model, optimizer, scaler, scheduler)
                     state = None
