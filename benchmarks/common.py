@@ -59,9 +59,7 @@ def machine() -> dict[str, Any]:
 
 
 def record(name: str, command: str, rows: list[dict[str, Any]]) -> None:
-    entry = {"benchmark": name, "date": dt.date.today().isoformat(), "command": command, "machine": machine(), "rows": rows}
-    with open(RESULTS, "a") as f:
-        f.write(json.dumps(entry) + "\n")
+    append_entry(make_entry(name, command, rows))
 
 
 def table(head: list[str], rows: list[list[str]]) -> str:

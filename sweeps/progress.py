@@ -145,6 +145,9 @@ def overhead_line(rows: list[TrialRow], wall_s: float, groups: int | None, probe
     probe = f"memory probe {probe_s:.1f} s + " if probe_s else ""
     inside = (f" (warm-up incl. compile {warm:.1f} s, measured {window:.1f} s, validation and the rest "
               f"{loops - warm - window:.1f} s)" if warm and window else "")
+    if service < 0:  # trials ran side by side: their loops add up to more than the wall time
+        return (f"{mode}; sweep wall {wall_s:.1f} s, {probe}trial loops {loops:.1f} s in all{inside}: the trials "
+                "overlapped, so the service's own cost cannot be told apart")
     unknown = len(rows) - len(ended)
     note = (f"; {unknown} trial(s) without a final report count in the service's share" if unknown else "")
     return (f"{mode}; sweep wall {wall_s:.1f} s = {probe}trial loops {loops:.1f} s{inside} + the service's own "

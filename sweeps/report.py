@@ -262,10 +262,6 @@ def within_noise(outcome: SweepOutcome) -> str:
             f"spread (cv {cv_a:.1f}% / {cv_b:.1f}%), so neither is measurably faster")
 
 
-def _number(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
-
-
 COMPARE_AT_MOST = 30  # more runs than this make MLflow's compare view unreadable (and its URL long)
 
 

@@ -103,6 +103,10 @@ def test_the_overhead_line_splits_probe_warm_up_and_the_services_own_cost() -> N
                     "loops 74.8 s (warm-up incl. compile 40.0 s, measured 24.0 s, validation and the rest 10.8 s) + "
                     "the service's own 70.8 s, 14.2 s per trial; 1 trial(s) without a final report count in the "
                     "service's share")
+    assert overhead_line(rows[:4], 50.0, 2) == (  # two at a time: the loops overlap in wall time
+        "warm worker groups: 2 started for 4 trial(s); sweep wall 50.0 s, trial loops 74.8 s in all (warm-up incl. "
+        "compile 40.0 s, measured 24.0 s, validation and the rest 10.8 s): the trials overlapped, so the service's "
+        "own cost cannot be told apart")
     assert overhead_line([TrialRow("f", 1, {}, status="oom")], 10.0, None) == (
         "one Ray Train run per trial; no trial ran its loop to the end, so no overhead figure")
 

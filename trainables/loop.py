@@ -17,7 +17,8 @@ milliseconds, and a one-second window is shorter than two telemetry samples). An
 (`num_items`) or a target rules instead: the data or the target decides the length, not the clock.
 With `num_items` the last optimizer step takes only the items that complete the budget (fewer
 micro-batches, the last one cut to the samples needed), so trials of any batch size see the same
-data within one sample per rank; a batch that cannot be cut (`batches.take_items`) is used whole. A user's
+data within a sample or two per rank; a batch that cannot be cut (`batches.take_items`), or any
+batch of a compiled model (a new shape would recompile inside the window), is used whole. A user's
 `count_items` or `step_fn` may add its own (e.g. `.item()`): that is theirs to avoid.
 """
 
@@ -292,12 +293,20 @@ def _tail_micros(need: int, per_micro: int, accum: int) -> int:
     return min(accum, max(1, math.ceil(need / max(per_micro, 1))))
 
 
-def _spread(marks: list[tuple[float, int]], device: torch.device) -> float | None:
-    """The throughput's coefficient of variation (%) over the sub-windows between `marks` (items summed
-    over ranks, each span the slowest rank's); absent with fewer than 3 sub-windows."""
+def _spread(marks: list[tuple[float, int, int]], device: torch.device) -> float | None:
+    """The throughput's coefficient of variation (%) over sub-windows of equal steps (items summed over
+    ranks, each span the slowest rank's); absent with fewer than 3. Marks taken before an extension of
+    the plan are denser: they are merged so every sub-window spans about as many steps as the last."""
     if len(marks) < 4:
         return None
-    pairs = list(zip(marks, marks[1:], strict=False))
+    width = marks[-1][2] - marks[-2][2]
+    kept = [marks[0]]
+    for m in marks[1:]:
+        if m[2] - kept[-1][2] >= width or m is marks[-1]:
+            kept.append(m)
+    if len(kept) < 4:
+        return None
+    pairs = list(zip(kept, kept[1:], strict=False))
     spans = _all_reduce([b[0] - a[0] for a, b in pairs], device, op="max")
     items = _all_reduce([float(b[1] - a[1]) for a, b in pairs], device)
     rates = [i / s for i, s in zip(items, spans, strict=True) if s > 0]
@@ -320,7 +329,7 @@ def _make_schedule(optimizer: torch.optim.Optimizer, cfg: TrialConfig,
                    plan: list[int] | None = None) -> torch.optim.lr_scheduler.LambdaLR | None:
     """Linear warm-up over `lr_warmup_steps`, then constant or cosine to 0 at the trial's last step.
     Multiplies each param group's own lr, so a workload's per-group rates keep their ratios.
-    `plan[0]` is the measured steps, read at each step (an item budget sets it when warm-up ends)."""
+    `plan[0]` is the measured steps, read at each step (the loop sets it when warm-up ends)."""
     warm, plan = cfg.lr_warmup_steps, plan if plan is not None else [cfg.num_steps]
     if warm == 0 and cfg.lr_schedule == "constant":
         return None
@@ -398,8 +407,9 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
             ddp.register_comm_hook((noise, world), ddp_hook)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = _make_optimizer(wl, model, cfg, device)
-    plan = [cfg.num_steps]  # measured steps; an item budget replans them when warm-up ends
-    scheduler = _make_schedule(optimizer, cfg, plan)
+    plan = [cfg.num_steps]  # measured steps; an item budget or min_window_s replans them when warm-up ends
+    horizon = [cfg.num_steps]  # the LR schedule's measured steps: the plan as warm-up ends, never moved after
+    scheduler = _make_schedule(optimizer, cfg, horizon)
     scaler = prec.make_scaler()
     # Read now (the steps still to run), applied when warm-up ends: warm-up's updates are undone
     # and the schedule continues where the checkpoint left it.
@@ -427,10 +437,10 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
     by_clock = cfg.min_window_s > 0 and not cfg.num_items and cfg.target_metric is None
     extended = 0  # times the plan was found short of min_window_s when it ran out
     tail: tuple[int, int] | None = None  # equal data: (last step, items this rank takes in it)
-    marks: list[tuple[float, int]] = []  # (elapsed, items) at each sub-window mark: the throughput's spread
+    marks: list[tuple[float, int, int]] = []  # (elapsed, items, steps) at each mark: the throughput's spread
     sub_every = 1
     warm_end = 0.0  # the loop's clock when the measured window began
-    seen_per_micro = 1  # items of one micro-batch on this rank, as warm-up counted them
+    seen_per_micro = 1  # items of one micro-batch per rank, as warm-up counted them (equal-data tail)
 
     def window_metrics(final: bool = False) -> dict[str, Any]:
         """One window per report: an interim report covers the steps since the previous report
@@ -495,6 +505,8 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
                 if cfg.num_items:  # equal data: the measured steps that complete the budget, same on every rank
                     (seen_warm,) = _all_reduce([float(seen)], device)
                     plan[0], last_items = _data_plan(cfg.num_items, seen_warm, cfg.num_warmup_steps)
+                    # a micro-batch's items per rank (warm-up's mean over ranks): every rank runs as many in the tail
+                    seen_per_micro = max(1, round(seen_warm / (world * accum * max(cfg.num_warmup_steps, 1))))
                     if last_items:  # the last step takes only what completes the budget (ceil: within a sample per rank)
                         tail = (cfg.num_warmup_steps + plan[0] - done_before - 1, math.ceil(last_items / world))
                 if state is not None:  # resumed: undo warm-up's updates, continue from the checkpoint
@@ -506,9 +518,10 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
                     if by_clock:  # calibrated: enough steps for min_window_s (checked again when they run out)
                         plan[0] = max(plan[0], done_before + math.ceil(cfg.min_window_s / max(warm_step_s, 1e-9)))
                 sub_every = max(1, (plan[0] - done_before) // _SUB_WINDOWS)
+                horizon[0] = plan[0]  # a later extension for min_window_s runs on at the schedule's end
                 timer.start()
                 warm_end = time.perf_counter()
-                marks.append((0.0, 0))
+                marks.append((0.0, 0, 0))
                 if telemetry is not None:
                     telemetry.start()
             elif step == 1:
@@ -523,13 +536,13 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
                     with timer.data_wait():
                         batch = next(batches)
                     n = checked_count(count, batch)
-                    if need and micro == micros - 1 and n > need:  # cut the last micro-batch to what completes the budget
+                    # cut the last micro-batch to what completes the budget; not a compiled model's: a new
+                    # batch shape would recompile inside the measured window (then it is used whole)
+                    if need and micro == micros - 1 and n > need and not cfg.compile:
                         cut = take_items(batch, n, need)
                         if cut is not None:
                             batch, n = cut, checked_count(count, cut)
                     need = max(0, need - n)
-                    if step < cfg.num_warmup_steps:
-                        seen_per_micro = n  # a micro-batch's items on this rank (the equal-data tail uses it)
                     seen += n
                     with telemetry.h2d_copy(timer.measuring) if telemetry is not None else contextlib.nullcontext():
                         moved = move_to_device(batch, device, pin, channels_last)
@@ -601,7 +614,7 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
                 loss_count += 1
                 timer.step_done()
                 if timer.steps % sub_every == 0:
-                    marks.append((timer.elapsed_s(), items))
+                    marks.append((timer.elapsed_s(), items, timer.steps))
                 total = done_before + timer.steps
                 if by_clock and total == plan[0] and extended < _MAX_EXTENSIONS:  # same decision on every rank
                     (window,) = _all_reduce([timer.elapsed_s()], device, op="max")
