@@ -272,7 +272,7 @@ def _all_ranks_fit(oom: bool, cfg: TrialConfig, device: torch.device) -> None:
 
 
 _SUB_WINDOWS = 10  # marks across the measured window for the throughput's spread
-_MAX_EXTENSIONS = 3  # times a plan short of min_window_s is extended when it runs out
+_MAX_EXTENSIONS = 20  # times a plan short of min_window_s may be extended when it runs out (a safety bound)
 
 
 def _data_plan(budget: int, seen_warm: float, warmup_steps: int) -> tuple[int, float]:
@@ -436,6 +436,7 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
     # the clock sets the length only for a fixed step count: a data budget or a target rules otherwise
     by_clock = cfg.min_window_s > 0 and not cfg.num_items and cfg.target_metric is None
     extended = 0  # times the plan was found short of min_window_s when it ran out
+    checked = (0.0, 0)  # (window, measured steps) at the last such check
     tail: tuple[int, int] | None = None  # equal data: (last step, items this rank takes in it)
     marks: list[tuple[float, int, int]] = []  # (elapsed, items, steps) at each mark: the throughput's spread
     sub_every = 1
@@ -619,9 +620,11 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
                 if by_clock and total == plan[0] and extended < _MAX_EXTENSIONS:  # same decision on every rank
                     (window,) = _all_reduce([timer.elapsed_s()], device, op="max")
                     if window < cfg.min_window_s:  # the warm-up's calibration was optimistic (or absent): run on
-                        plan[0] += max(1, math.ceil((cfg.min_window_s - window) / max(window / timer.steps, 1e-9)
-                                                    * 1.05))
-                        extended += 1
+                        # at the rate since the last check (a stall early in the window would make the mean
+                        # step look slow and the extension short)
+                        rate = (window - checked[0]) / max(timer.steps - checked[1], 1)
+                        plan[0] += max(1, math.ceil((cfg.min_window_s - window) / max(rate, 1e-9) * 1.05))
+                        extended, checked = extended + 1, (window, timer.steps)
                         sub_every = max(sub_every, (plan[0] - done_before) // _SUB_WINDOWS)  # ~10 marks still
                 every = cfg.checkpoint_every_steps
                 where[:] = ["report", step]
