@@ -165,6 +165,8 @@ class TrialConfig:
     target_min: float | None = None
     report_evals: bool = False  # a report after each periodic evaluation (its values, time/elapsed_s): ASHA's curve
     min_window_s: float = 0.0  # the measured window lasts at least this long (more steps than num_steps if needed)
+    max_window_s: float = 0.0  # ... and ends once it lasts this long (fewer steps than num_steps if needed; 0: off)
+    max_warmup_s: float = 0.0  # warm-up ends once its timed steps (from step 1) last this long (0: off)
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -181,6 +183,10 @@ class TrialConfig:
             raise ValueError(f"lr_schedule {self.lr_schedule!r} is not one of {list(LR_SCHEDULES)}")
         if not self.min_window_s >= 0:
             raise ValueError(f"min_window_s must be >= 0 (0: num_steps alone sets the length), got {self.min_window_s}")
+        if not (self.max_window_s >= 0 and self.max_warmup_s >= 0):
+            raise ValueError("max_window_s and max_warmup_s must be >= 0 (0: off)")
+        if self.max_window_s and self.max_window_s < self.min_window_s:
+            raise ValueError(f"max_window_s ({self.max_window_s:g}) must be >= min_window_s ({self.min_window_s:g})")
         if self.num_items < 0 or self.eval_every_steps < 0:
             raise ValueError("num_items and eval_every_steps must be >= 0 (0: off)")
         if self.num_items and self.num_warmup_steps < 1:

@@ -51,6 +51,26 @@ class Precision:
     def make_scaler(self) -> torch.amp.GradScaler | None:
         return torch.amp.GradScaler(self.device_type) if self.use_scaler else None
 
+    @staticmethod
+    def backward(loss: torch.Tensor, scaler: torch.amp.GradScaler | None) -> None:
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+
+    @staticmethod
+    def step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None, model: torch.nn.Module,
+             max_grad_norm: float, force: bool = False) -> None:
+        """Unscale (to clip the true gradients), clip, step, update the scale. `force`: step even where
+        the scaler would skip (a memory probe must allocate the optimizer's state)."""
+        if scaler is not None and (max_grad_norm > 0 or force):
+            scaler.unscale_(optimizer)
+        if max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        if scaler is None or force:
+            optimizer.step()
+        else:
+            scaler.step(optimizer)
+        if scaler is not None:
+            scaler.update()
+
 
 def resolve_precision(name: str, device: torch.device, tf32_under_autocast: bool = False) -> Precision:
     """Map a precision name to what it means on `device`, or raise `UnsupportedError`.
