@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sweeps.sol import DOCTOR_EXPERIMENT, DOCTOR_TAG, HARDWARE_TAG, hardware_key, score
+from sweeps.sol import DOCTOR_EXPERIMENT, DOCTOR_TAG, HARDWARE_TAG, KERNEL_ENV_FACT, annotate_node, hardware_key, score
 
 logger = logging.getLogger(__name__)
 NODE_TIMEOUT_S = {True: 120.0, False: 600.0}  # per node, quick or full
@@ -49,6 +49,7 @@ def node_task(quick: bool, gpu_checks: bool, storage_path: str, measure_peak: bo
 
     node = doctor_checks.measure_node(quick, storage_path, measure_peak)
     node["hardware_key"] = hardware_key(node["facts"]["device/type"], node["facts"]["device/name"])
+    annotate_node(node["figures"], node["facts"])  # emulated or not; the kernel variables it measured under
     if gpu_checks:
         node["checks"] = [asdict(c) for c in run_checks(node["facts"], node["figures"], quick)]
     doctor_checks.release_device_memory()
@@ -297,7 +298,7 @@ def table(report: dict[str, Any]) -> str:
     keys = sorted({k for n in nodes for k in n["figures"]})
     head = ["figure", *[n["node"] for n in nodes]]
     rows = [[k, *[f"{n['figures'][k]:.4g}" if k in n["figures"] else "-" for n in nodes]] for k in keys]
-    facts = ("device/name", "host/cores_usable", "host/cpu_isa", "host/shm_gib", "host/disk_free_gib", "gpu/count",
+    facts = ("device/name", "host/cores_usable", "host/cpu_isa", KERNEL_ENV_FACT, "host/shm_gib", "host/disk_free_gib", "gpu/count",
              "gpu/memory_gib", "gpu/capability", "gpu/driver", "gpu/cuda", "gpu/nccl", "gpu/nvml", "gpu/gpm", "doctor/elapsed_s")
     rows += [[k, *[str(n["facts"].get(k, "-")) for n in nodes]] for k in facts if any(k in n["facts"] for n in nodes)]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]

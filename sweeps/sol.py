@@ -6,6 +6,8 @@ Torch-free at import: `quick_figures` imports the measuring code when called.
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Mapping
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -20,6 +22,21 @@ H2D_GB_PER_S = "copy/h2d_gb_per_s"  # a trial's mean host->device bytes per seco
 DECODE_RATE = "input/decode_samples_per_s_per_core"
 DECODE_IMAGE_SIZE = "input/decode_image_size"
 _LABELS = {"32": "fp32", "tf32": "tf32", "16-mixed": "fp16", "bf16-mixed": "bf16"}
+MIXED = ("bf16-mixed", "16-mixed")  # the precisions a CPU may run emulated
+KERNEL_ENV_FACT = "host/kernel_env"  # a doctor run's fact (and tag): the kernel-changing variables it measured under
+NO_KERNEL_ENV = "none"
+# Environment variables that change which CPU kernels torch runs, hence the peaks measured: oneDNN's ISA cap
+# and hints (current and legacy names) and its default fp32 math mode (may compute fp32 in bf16), ATen's own
+# dispatch level, MKL's ISA cap. `ONEDNN_MAX_CPU_ISA=AVX2` turns a native-bf16 Xeon into an emulating one.
+KERNEL_ENV = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ONEDNN_CPU_ISA_HINTS", "DNNL_CPU_ISA_HINTS",
+              "ONEDNN_DEFAULT_FPMATH_MODE", "DNNL_DEFAULT_FPMATH_MODE", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
+
+
+def kernel_env(environ: Mapping[str, str] | None = None) -> str:
+    """The kernel-changing variables set in `environ` (default: this process's) as `NAME=value` words,
+    "" where none is: figures measured under one setting never stand for another."""
+    env = os.environ if environ is None else environ
+    return " ".join(f"{k}={env[k]}" for k in KERNEL_ENV if env.get(k))
 
 
 def hardware_key(device_type: str, device_name: str) -> str:
@@ -32,7 +49,7 @@ def peak_key(precision: str, per_core: bool) -> str:
     return f"matmul/{_LABELS.get(precision, precision)}_tflops_per_s" + ("_per_core" if per_core else "")
 
 
-def _num(d: dict[str, Any], key: str) -> float | None:
+def _num(d: Mapping[str, Any], key: str) -> float | None:
     v = d.get(key)
     if isinstance(v, bool) or not isinstance(v, (int, float, str)):
         return None
@@ -43,12 +60,76 @@ def _num(d: dict[str, Any], key: str) -> float | None:
     return f if f == f and f not in (float("inf"), float("-inf")) else None
 
 
+EMULATED_BELOW_PCT = 25.0  # a mixed precision's matmul peak under this % of fp32's: emulated (see `emulated`)
+
+
+def ratio_key(precision: str) -> str:
+    return f"matmul/{_LABELS.get(precision, precision)}_of_fp32_pct"
+
+
+def emulated_key(precision: str) -> str:
+    return f"matmul/{_LABELS.get(precision, precision)}_emulated"
+
+
+def of_fp32_pct(d: Mapping[str, Any], precision: str) -> float | None:
+    """A mixed `precision`'s per-core matmul peak as % of fp32's: recorded (`ratio_key`, in figures or in
+    a trial's metrics, which `score` copies it onto) or computed from the two peaks; None on a GPU, for
+    any other precision, or where a peak is missing."""
+    if precision not in MIXED:
+        return None
+    pct = _num(d, ratio_key(precision))
+    if pct is not None:
+        return pct
+    mine, fp32 = _num(d, peak_key(precision, per_core=True)), _num(d, peak_key("32", per_core=True))
+    return None if mine is None or not fp32 else 100.0 * mine / fp32
+
+
+def emulated(d: Mapping[str, Any], precision: str) -> bool | None:
+    """Whether a mixed `precision` looked emulated on the CPU `d` (figures or a trial's metrics) describes,
+    by measurement: its matmul peak under `EMULATED_BELOW_PCT` of fp32's. Measured emulated, bf16 ran at
+    1-4% of fp32 (0.66-1.7 GFLOP/s per core); native, at 53% on an avx512_bf16 Xeon (84 vs 158: the
+    quick 512-matmul under-reads native bf16) and far above 100% with AMX: a quarter leaves a wide margin
+    either way. None where unknown (no claim either way)."""
+    pct = of_fp32_pct(d, precision)
+    return None if pct is None else pct < EMULATED_BELOW_PCT
+
+
+def held_to(d: Mapping[str, Any], precision: str) -> str:
+    """The precision whose peak a CPU trial at `precision` is scored against: fp32's for a mixed precision
+    whose own measured peak is below it, else its own. An emulated bf16/fp16 kernel converts to fp32 and
+    runs on the fp32 units (autocast leaves every op without a low-precision kernel in fp32 anyway), so
+    no trial beats the fp32 peak that way, while the one single-core matmul the figures time can fall to a
+    slower emulation kernel than a model's convolutions get: at 1.7 GFLOP/s per core (fp32 ~40) bf16
+    trials read 163-217% "of peak". A native kernel is at least as fast as fp32's in silicon, so its
+    measured peak below fp32's under-reads it (see `emulated`); where it measures above, nothing changes."""
+    pct = of_fp32_pct(d, precision)
+    return "32" if pct is not None and pct < 100.0 else precision
+
+
+def emulation_figures(figures: Mapping[str, Any]) -> dict[str, float]:
+    """Per mixed precision whose peak and fp32's were measured (a CPU): its `ratio_key` (% of fp32's) and
+    `emulated_key` (1.0 emulated, 0.0 native). Recorded beside the peaks; `score` copies them onto trials."""
+    out: dict[str, float] = {}
+    for p in MIXED:
+        pct = of_fp32_pct(figures, p)
+        if pct is not None:
+            out[ratio_key(p)], out[emulated_key(p)] = pct, float(pct < EMULATED_BELOW_PCT)
+    return out
+
+
+def annotate_node(figures: dict[str, float], facts: dict[str, Any]) -> None:
+    """Add to one doctor node's report what scoring reads from it: its `emulation_figures` beside the
+    peaks, and the kernel-changing variables it measured under (`KERNEL_ENV_FACT`, a tag on the run)."""
+    figures.update(emulation_figures(figures))
+    facts[KERNEL_ENV_FACT] = kernel_env() or NO_KERNEL_ENV
+
+
 def _sol_pct(metrics: dict[str, Any], params: dict[str, Any], figures: dict[str, Any]) -> float | None:
     achieved, precision = _num(metrics, "perf/tflops_per_s"), params.get("precision")
     world = _num(metrics, "progress/world_size")
     if achieved is None or world is None or precision is None:
         return None
-    per_core = _num(figures, peak_key(str(precision), per_core=True))
+    per_core = _num(figures, peak_key(held_to(figures, str(precision)), per_core=True))
     if per_core is not None:  # a CPU trial: each rank runs cpus_per_worker threads
         threads = _num(params, "cpus_per_worker") or 1.0
         peak = per_core * world * threads
@@ -78,7 +159,11 @@ def score(metrics: dict[str, Any], params: dict[str, Any], figures: dict[str, An
     - `perf/sol_pct` = achieved FLOP/s (`perf/tflops_per_s`) / measured peak FLOP/s for the trial's
       `precision`. On a GPU the peak is the per-device matmul figure x `progress/world_size` (one GPU per
       rank). On a CPU the peak is the per-core figure (measured single-threaded) x `progress/world_size` x
-      threads per rank (param `cpus_per_worker`, else 1).
+      threads per rank (param `cpus_per_worker`, else 1); for bf16-mixed/16-mixed the per-core figure is
+      the larger of that precision's and fp32's (`held_to`: an emulated precision is held to fp32's).
+    - `matmul/<bf16|fp16>_of_fp32_pct`, `matmul/<bf16|fp16>_emulated` (CPU figures only): the figures'
+      `emulation_figures`, copied onto every trial scored against them, so its verdict knows what this
+      machine measured.
     - `perf/h2d_bw_pct` = the trial's `copy/h2d_gb_per_s` (host->device bytes per second of measured time,
       mean per rank; the loop reports it on CUDA only) / the measured h2d bandwidth, pinned or pageable as
       the trial's `pin_memory`.
@@ -87,7 +172,7 @@ def score(metrics: dict[str, Any], params: dict[str, Any], figures: dict[str, An
       the doctor decoded images of the trial's `workload.image_size` (default 32). Meaningful for
       input-bound trials; near 100 means the loader workers are the ceiling.
     """
-    out: dict[str, float] = {}
+    out: dict[str, float] = emulation_figures(figures)
     sol = _sol_pct(metrics, params, figures)
     if sol is not None:
         out[SOL_PCT] = sol
@@ -101,9 +186,11 @@ def score(metrics: dict[str, Any], params: dict[str, Any], figures: dict[str, An
     return out
 
 
-def latest_figures(tracking_uri: str, hardware_key: str) -> dict[str, float] | None:
+def latest_figures(tracking_uri: str, hardware_key: str, kernels: str | None = None) -> dict[str, float] | None:
     """The figures (metrics) of the newest doctor run for `hardware_key` in `tracking_uri`, or None
-    where the store has none (or cannot be read: scoring is then skipped, not the sweep)."""
+    where the store has none (or cannot be read: scoring is then skipped, not the sweep). With `kernels`
+    (this machine's `kernel_env()`), only a run measured under the same kernel-changing variables counts
+    (a run that did not record them counts as measured under none); None: any run."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
@@ -114,27 +201,32 @@ def latest_figures(tracking_uri: str, hardware_key: str) -> dict[str, float] | N
             return None
         key = hardware_key.replace("'", "\\'")
         runs = client.search_runs([exp.experiment_id], f"tags.{DOCTOR_TAG} = 'true' and tags.`{HARDWARE_TAG}` = '{key}'",
-                                  order_by=["attributes.start_time DESC"], max_results=1)
+                                  order_by=["attributes.start_time DESC"], max_results=1 if kernels is None else 50)
     except MlflowException as exc:
         logger.warning("doctor figures unreadable from %s: %s", tracking_uri, exc)
         return None
-    return dict(runs[0].data.metrics) if runs else None
+    same = [r for r in runs if kernels is None or r.data.tags.get(KERNEL_ENV_FACT, NO_KERNEL_ENV) == (kernels or NO_KERNEL_ENV)]
+    return dict(same[0].data.metrics) if same else None
 
 
 def quick_figures() -> dict[str, float]:
     """A few figures measured here and now in <= 5 s on a CPU, for a sweep that finds no doctor run: the
-    strict fp32 and bf16 matmul peaks (per core, single-threaded, on a CPU; per device on a GPU) and the
-    image decode rate per core. Run `sweeps doctor` for the full set."""
+    strict fp32 and bf16 matmul peaks (per core, single-threaded, on a CPU; per device on a GPU), fp16's
+    too on a CPU with native fp16, whether each looked emulated (`emulation_figures`), and the image decode
+    rate per core. Run `sweeps doctor` for the full set."""
+    from trainables.devinfo import cpu_isa_flags
     from trainables.doctor_checks import Device, decode_rate, matmul_peak, precisions, threads
 
     dev = Device.local()[0]
     cpu = dev.kind == "cpu"
     out: dict[str, float] = {}
+    native = precisions(dev, cpu_isa_flags() if cpu else "")
     with threads(1 if cpu else None):
-        for precision in ("32", "bf16-mixed"):
-            if precisions(dev).get(precision) is None:
+        for precision in ("32", "bf16-mixed", *(("16-mixed",) if cpu else ())):
+            if native.get(precision) is None:
                 flops, _ = matmul_peak(dev, precision, (512,) if cpu else (4096,), 0.6)
                 out[peak_key(precision, per_core=cpu)] = flops / 1e12
+    out.update(emulation_figures(out))
     out[DECODE_RATE] = decode_rate(0.6, 32)
     out[DECODE_IMAGE_SIZE] = 32.0
     return out
@@ -154,21 +246,35 @@ def local_key() -> str:
 QUICK_MAX_AGE_S = 7 * 24 * 3600
 
 
+def quick_cache_key(key: str) -> str:
+    """What quick figures are cached under: the hardware key, torch's version and the kernel-changing
+    variables (`kernel_env`): each picks other kernels, so other peaks (bf16 emulated or native)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        torch_version = "?"
+    return f"{key} | torch {torch_version} | {kernel_env() or NO_KERNEL_ENV}"
+
+
 def cached_quick_figures(key: str) -> dict[str, float]:
     """`quick_figures()` for this machine, kept for a week in the user's cache
-    ($XDG_CACHE_HOME/gpu-sweeps, else ~/.cache/gpu-sweeps) so each sweep does not pay the 3-5 s again."""
+    ($XDG_CACHE_HOME/gpu-sweeps, else ~/.cache/gpu-sweeps) so each sweep does not pay the 3-5 s again;
+    one file per `quick_cache_key` (figures measured under `ONEDNN_MAX_CPU_ISA=AVX2` never stand in
+    for those measured without it, nor the other way round)."""
     import hashlib
     import json
-    import os
     import time
     from pathlib import Path
 
+    cache_key = quick_cache_key(key)
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpu-sweeps"
-    path = root / f"quick-figures-{hashlib.sha1(key.encode()).hexdigest()[:12]}.json"
+    path = root / f"quick-figures-{hashlib.sha1(cache_key.encode()).hexdigest()[:12]}.json"
     try:
         if time.time() - path.stat().st_mtime < QUICK_MAX_AGE_S:
             cached = json.loads(path.read_text())
-            if cached.get("hardware_key") == key:
+            if cached.get("cache_key") == cache_key:
                 return {k: float(v) for k, v in cached["figures"].items()}
     except (OSError, ValueError, KeyError, TypeError):
         pass
@@ -176,11 +282,19 @@ def cached_quick_figures(key: str) -> dict[str, float]:
     try:
         root.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"hardware_key": key, "figures": figures}))
+        tmp.write_text(json.dumps({"cache_key": cache_key, "hardware_key": key, "figures": figures}))
         tmp.replace(path)
     except OSError as exc:  # a read-only home: measured again next time
         logger.warning("could not cache the quick doctor figures in %s: %s", root, exc)
     return figures
+
+
+def _emulation_note(figures: dict[str, float]) -> str:
+    """What the sweep says up front about figures that show an emulated precision, and under which
+    kernel-changing variables they were measured."""
+    said = [f"; {_LABELS[p]} matmul at {pct:.2g}% of fp32's: emulated here, its trials are held to fp32's peak"
+            for p in MIXED if emulated(figures, p) and (pct := of_fp32_pct(figures, p)) is not None]
+    return "".join(said) + (f"; measured under {kernel_env()}" if kernel_env() else "")
 
 
 class SpeedOfLight:
@@ -198,14 +312,14 @@ class SpeedOfLight:
         """Look this machine up; measure a quick set (cached) when no doctor run covers it."""
         try:
             key = local_key()
-            figures = latest_figures(tracking_uri, key)
+            figures = latest_figures(tracking_uri, key, kernel_env())  # measured under this process's kernels
             source = "doctor run"
             if figures is None:
                 figures, source = cached_quick_figures(key), "quick figures (run `sweeps doctor` for the full set)"
         except Exception as exc:  # noqa: BLE001 - scoring is a bonus: the sweep runs without it
             logger.warning("speed of light: no figures for this machine (%s: %s)", type(exc).__name__, exc)
             return cls(tracking_uri)
-        return cls(tracking_uri, {key: figures}, {key: source})
+        return cls(tracking_uri, {key: figures}, {key: source + _emulation_note(figures)})
 
     def figures(self, key: str) -> dict[str, float] | None:
         if key not in self._figures:  # another node type: only a doctor run can tell

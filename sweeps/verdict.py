@@ -11,9 +11,15 @@ is a `Move`: the knob it changes and which way (↑ a larger value, *on*, or a v
 | compute-bound (GPU) | SM activity (GPM, Hopper+) >= 80%, or where GPM is missing NVML utilisation >= 90% | `precision` `bf16-mixed`/`tf32` (Tensor Cores), `compile` on |
 | memory headroom | GPU and less than half of the device's memory reserved at peak | `batch_size` ↑ |
 | underutilised (GPU) | below the compute-bound bar and data wait < 20% | `batch_size` ↑, `compile` on (fewer launches) |
-| compute-bound (CPU) | no GPU; the rank's cores are >= 80% busy: its training process, plus its loader workers when they share its cores (`cpus_per_loader_worker: 0`) | `precision` `bf16-mixed` where the CPU has avx512_bf16/AMX, `compile` on, `cpus_per_worker` ↑ |
-| underutilised (CPU) | no GPU; the rank keeps less than 80% of even one core busy: it idles in the gradient all-reduce (waiting for a slower rank) or for a core another process holds | `batch_size` ↑; `precision` `32` where bf16 is emulated (no avx512_bf16/AMX) |
-| unclear | none of the above (or the figures are missing) | - |
+| compute-bound (CPU) | no GPU; the rank's cores are >= 80% busy: its training process, plus its loader workers when they share its cores (`cpus_per_loader_worker: 0`) | `precision` `32` where the trial's bf16/fp16 looks emulated (below), `bf16-mixed` where bf16 looks native, `compile` on, `cpus_per_worker` ↑ |
+| underutilised (CPU) | no GPU; the rank keeps less than 80% of even one core busy: it idles in the gradient all-reduce (waiting for a slower rank) or for a core another process holds | `batch_size` ↑; `precision` `32` where its precision looks emulated |
+| unclear | none of the above (or the figures are missing) | on a CPU, `precision` `32` where its precision looks emulated |
+
+Emulated or native, on a CPU: the machine's measured figures say it where known (`sweeps.sol.emulated`:
+that precision's matmul peak under a quarter of fp32's, copied onto each trial by `sweeps.sol.score`),
+else the CPU's ISA flags (avx512_bf16/amx_bf16, avx512_fp16/amx_fp16). That is only a reason to try
+`precision 32`; the verdict says the precision *is emulated* once a twin at precision 32 measured it
+faster (below). On a GPU no precision is called emulated.
 
 A suggestion never names what the trial already uses (bf16-mixed to a bf16-mixed trial, `compile`
 to a compiled one, `pin_memory` to a pinned one, a GPU-only knob on a CPU). Where the loop
@@ -41,6 +47,12 @@ a tie or a twin without the metric. The dropped move becomes a citation of the n
 with both figures and, on a speed objective, the twin's own verdict where it says why ("batch_size
 512 (trial 8) was input-bound: 8,057/s vs 10,030/s; add loader workers first": an input-bound
 twin turns the advice to its input fix first). Moves nobody measured stay as they were.
+
+A move may carry a *claim* that a twin running it faster would prove: `precision 32` for a bf16/fp16 CPU
+trial that looks emulated claims "bf16 is emulated on this CPU". The claim is said, right after the
+trial's facts, when every measured twin that ran the move beat this trial's throughput beyond both
+trials' noise (`noise_tie`), citing the slowest of them: "bf16 is emulated on this CPU: 60/s vs 451/s for
+precision 32 (trial 2)". A twin inside the noise, slower, or none at all: no claim (the move stays).
 """
 
 from __future__ import annotations
@@ -50,7 +62,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sweeps.outcome import MEASURED, SweepOutcome, TrialRow
-from sweeps.sol import H2D_BW_PCT, INPUT_SOL_PCT, SOL_PCT  # measured against `sweeps doctor` figures
+from sweeps.sol import H2D_BW_PCT, INPUT_SOL_PCT, SOL_PCT, emulated, held_to, of_fp32_pct  # against doctor figures
 from trainables.contract import (
     CPU_LOADERS_PCT,
     CPU_WORKER_PCT,
@@ -73,7 +85,7 @@ MEMORY_USED_FRACTION = 0.5
 CPU_BUSY_FRACTION = 0.8
 NEAR_PEAK_PCT = 60.0  # at or above: a speed-of-light figure leaves little to gain from that knob
 SATURATED_PCT = 80.0  # loader workers at or above this share of their decode capacity are the limit
-_FAST_CPU_ISA = ("amx_bf16", "avx512_bf16")
+_NATIVE_CPU_ISA = {"bf16-mixed": ("amx_bf16", "avx512_bf16"), "16-mixed": ("amx_fp16", "avx512_fp16")}
 _PEAK_NAME = {"32": "fp32", "tf32": "tf32", "16-mixed": "fp16", "bf16-mixed": "bf16"}  # whose peak a trial is held to
 UP, ON = "up", "on"  # Move.toward for a larger value and for a switch turned on; else the value itself
 
@@ -86,6 +98,7 @@ class Move:
     text: str
     knob: str = ""
     toward: str = ""
+    claim: str = ""  # what a twin that ran this move faster proves (`revise` says it then, with the figures)
 
 
 @dataclass(frozen=True)
@@ -97,10 +110,12 @@ class Verdict:
     facts: str
     moves: tuple[Move, ...] = ()
     measured: tuple[str, ...] = ()
+    confirmed: tuple[str, ...] = ()  # the moves' claims a faster twin proved, with its figures
 
     @property
     def reason(self) -> str:
-        return self.facts + _try(self.moves) + "".join(f"; {m}" for m in self.measured)
+        return (self.facts + "".join(f"; {c}" for c in self.confirmed) + _try(self.moves)
+                + "".join(f"; {m}" for m in self.measured))
 
     def __str__(self) -> str:
         return f"{self.name}: {self.reason}"
@@ -126,13 +141,39 @@ def _try(moves: tuple[Move, ...]) -> str:
 _FASTER = {"32": ["bf16-mixed", "tf32"], "tf32": ["bf16-mixed"]}  # on a GPU; the mixed precisions are the fastest
 
 
-def _precision_moves(params: dict[str, Any], gpu: bool, isa: str) -> list[Move]:
-    """Faster precisions than the trial's own (on a CPU, bf16-mixed only where the ISA has bf16)."""
+def _native_on_cpu(metrics: dict[str, Any], precision: str) -> tuple[bool, str] | None:
+    """Whether `precision` (bf16-mixed, 16-mixed) runs natively on the trial's CPU, and why that is said:
+    the machine's measured figures where known, else its ISA flags; None when neither is known."""
+    isa, label = _text(metrics.get("device/cpu_isa", "")).split(), _PEAK_NAME[precision]
+    has = next((f for f in _NATIVE_CPU_ISA[precision] if f in isa), None)
+    pct = of_fp32_pct(metrics, precision)
+    if pct is not None and emulated(metrics, precision):
+        return False, f"its {label} matmul measured at {pct:.2g}% of fp32's here"
+    if pct is not None:
+        return True, f"this CPU has {has}" if has else f"its {label} matmul measured native here"
+    if not isa or isa[0].startswith("none-of:"):  # no flag the loop knows: an ARM CPU may well have bf16
+        return None
+    return (True, f"this CPU has {has}") if has else (False, f"no {'/'.join(reversed(_NATIVE_CPU_ISA[precision]))} in this CPU")
+
+
+def _emulated_move(metrics: dict[str, Any], params: dict[str, Any]) -> Move | None:
+    """`precision 32` for a CPU trial whose bf16/fp16 looks emulated, claiming it is (said once proved)."""
+    precision = _text(params.get("precision", ""))
+    if precision not in _NATIVE_CPU_ISA or _on(params, "use_gpu") or _text(metrics.get("device/type", "cpu")) != "cpu":
+        return None
+    native = _native_on_cpu(metrics, precision)
+    if native is None or native[0]:
+        return None
+    return Move(f"precision 32 ({native[1]})", "precision", "32", claim=f"{_PEAK_NAME[precision]} is emulated on this CPU")
+
+
+def _precision_moves(params: dict[str, Any], gpu: bool, metrics: dict[str, Any]) -> list[Move]:
+    """Faster precisions than the trial's own (on a CPU, bf16-mixed only where bf16 looks native there)."""
     now = _text(params.get("precision", ""))
     if gpu:
         return [Move(p, "precision", p) for p in _FASTER.get(now, [])]
-    fast = next((f for f in _FAST_CPU_ISA if f in isa), None)
-    return [Move(f"bf16-mixed (this CPU has {fast})", "precision", "bf16-mixed")] if fast and now != "bf16-mixed" else []
+    native = _native_on_cpu(metrics, "bf16-mixed")
+    return [Move(f"bf16-mixed ({native[1]})", "precision", "bf16-mixed")] if native and native[0] and now != "bf16-mixed" else []
 
 
 def _more_workers(n: int | None) -> Move:
@@ -177,10 +218,10 @@ def _gpu_verdict(metrics: dict[str, Any], params: dict[str, Any], util: float, s
     compiles = [] if _on(params, "compile") else [COMPILE]
     if sol is not None and sol >= NEAR_PEAK_PCT:
         return Verdict("compute-bound", f"{said}, compute at {sol:.0f}% of this machine's measured {precision} peak: "
-                       "little left to gain from batch size", tuple(_precision_moves(params, True, "")))
+                       "little left to gain from batch size", tuple(_precision_moves(params, True, metrics)))
     at_peak = f", compute at {sol:.0f}% of this machine's measured {precision} peak" if sol is not None else ""
     if util >= busy_at:
-        return Verdict("compute-bound", f"{said}{at_peak}", tuple(_precision_moves(params, True, "") + compiles))
+        return Verdict("compute-bound", f"{said}{at_peak}", tuple(_precision_moves(params, True, metrics) + compiles))
     headroom, total = metrics.get(MEM_HEADROOM_GIB), metrics.get(MEM_TOTAL_GIB)
     if headroom is not None and total and (total - headroom) / total < MEMORY_USED_FRACTION:
         return Verdict("memory-headroom", f"{said}{at_peak} with only {total - headroom:.1f} of {total:.0f} GiB reserved",
@@ -198,19 +239,17 @@ def _cpu_verdict(metrics: dict[str, Any], params: dict[str, Any], wait: float | 
     shared = float(params.get("cpus_per_loader_worker") or 0) == 0  # loader workers run on the rank's cores
     busy = cpu + (loaders if shared else 0.0)
     how = f"training process {cpu:.0f}%" + (f" + loader workers {loaders:.0f}%" if shared and loaders >= 1 else "")
-    sol = _pct(metrics, SOL_PCT)
-    named = _PEAK_NAME.get(_text(params.get("precision", "")), "its precision's")
+    sol, precision = _pct(metrics, SOL_PCT), _text(params.get("precision", ""))
+    named = _PEAK_NAME.get(held_to(metrics, precision), "its precision's")  # fp32's for an emulated precision
     peak = f", compute at {sol:.0f}% of this machine's measured {named} peak" if sol is not None else ""
-    isa = _text(metrics.get("device/cpu_isa", ""))
+    emulation = [m for m in [_emulated_move(metrics, params)] if m]
     if busy >= CPU_BUSY_FRACTION * 100 * cores:
-        moves = _precision_moves(params, False, isa) + ([] if _on(params, "compile") else [COMPILE])
+        moves = emulation + _precision_moves(params, False, metrics) + ([] if _on(params, "compile") else [COMPILE])
         moves.append(Move("more cpus_per_worker (or a GPU)", "cpus_per_worker", UP))
         return Verdict("compute-bound", f"the rank's core(s) are saturated: {how} of {cores:.0f} core(s) busy{peak}, "
                        f"data wait {wait or 0:.0f}%", tuple(moves))
     if busy < CPU_BUSY_FRACTION * 100:  # not even one core kept busy: the rank waits on something else
-        moves = [_larger_batch(params, " (fewer all-reduces per sample)")]
-        if _text(params.get("precision")) == "bf16-mixed" and isa and not any(f in isa for f in _FAST_CPU_ISA):
-            moves.append(Move("precision 32 (this CPU has no avx512_bf16/AMX: bf16 runs emulated)", "precision", "32"))
+        moves = [_larger_batch(params, " (fewer all-reduces per sample)"), *emulation]
         return Verdict("underutilised", f"only {how} of {cores:.0f} core(s) busy{peak}, data wait "
                        f"{wait or 0:.0f}%: the rest of each step the rank sits idle, waiting for the other ranks in "
                        "the gradient all-reduce or for a core another process holds", tuple(moves))
@@ -234,7 +273,8 @@ def verdict(metrics: dict[str, Any], params: dict[str, Any]) -> Verdict:
         return cpu
     shown = ", ".join(f"{k}={metrics[k]:.0f}" for k in (DATA_WAIT_PCT, CPU_WORKER_PCT, CPU_LOADERS_PCT)
                       if _pct(metrics, k) is not None)
-    return Verdict("unclear", f"no single bottleneck stands out ({shown or 'no figures'})")
+    emulation = None if gpu else _emulated_move(metrics, params)
+    return Verdict("unclear", f"no single bottleneck stands out ({shown or 'no figures'})", (emulation,) if emulation else ())
 
 
 # Not compared between twins: params that do not change a step's speed, and those that follow from a
@@ -360,18 +400,37 @@ def _cite(t: TrialRow, move: Move, e: TrialRow, metric: str, verdicts: dict[str,
     return text
 
 
+def _confirm(t: TrialRow, move: Move, rows: list[TrialRow]) -> str | None:
+    """The move's claim with its proof: every measured twin that ran the move had a higher throughput than
+    `t`, beyond both trials' noise; the slowest of them is cited. None without such a twin, or when one
+    ran it no faster (or only within noise)."""
+    key = next((throughput_key(u) for u in THROUGHPUT_UNITS if _number(t.metrics.get(throughput_key(u))) is not None), None)
+    if key is None:
+        return None
+    mine, here = float(t.metrics[key]), t.params.get(move.knob)
+    ran = [e for e in rows if e is not t and e.status in MEASURED and _number(e.metrics.get(key)) is not None
+           and _toward(move, here, e.params.get(move.knob)) and _twins(t, e, move.knob)]
+    if not ran or any(float(e.metrics[key]) <= mine or noise_tie(t, e, key) for e in ran):
+        return None
+    e = min(ran, key=lambda r: float(r.metrics[key]))
+    theirs = f"{_figure(key, float(e.metrics[key]))} for {_setting(move.knob, e.params.get(move.knob))} (trial {e.number})"
+    return f"{move.claim}: {_figure(key, mine)} vs {theirs}"
+
+
 def revise(rows: list[TrialRow], metric: str, mode: str) -> dict[str, Verdict]:
     """Each measured trial's verdict (by trial_id) with the moves a twin measured worse replaced by that
-    evidence; `metric` and `mode` ("max"/"min") are the objective's primary ones."""
+    evidence, and the claims of those a twin measured faster said; `metric` and `mode` ("max"/"min") are
+    the objective's primary ones."""
     first = {t.trial_id: verdict(t.metrics, t.params) for t in rows if t.status in MEASURED}
+    by_id = {t.trial_id: t for t in rows}
     refuted: dict[str, list[tuple[Move, TrialRow]]] = {}
     for t in rows:
         if t.trial_id in first:
             found = [(m, _evidence(t, m, rows, metric, mode)) for m in first[t.trial_id].moves if m.knob]
             refuted[t.trial_id] = [(m, e) for m, e in found if e is not None]
-    kept = {tid: dataclasses.replace(v, moves=tuple(m for m in v.moves if m not in {r for r, _ in refuted[tid]}))
+    kept = {tid: dataclasses.replace(v, moves=tuple(m for m in v.moves if m not in {r for r, _ in refuted[tid]}),
+                                     confirmed=tuple(c for m in v.moves if m.claim and (c := _confirm(by_id[tid], m, rows))))
             for tid, v in first.items()}
-    by_id = {t.trial_id: t for t in rows}
     return {tid: dataclasses.replace(v, measured=tuple(_cite(by_id[tid], m, e, metric, kept) for m, e in refuted[tid]))
             for tid, v in kept.items()}
 
