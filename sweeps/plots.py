@@ -31,6 +31,7 @@ from sweeps.report import (
     degraded,
     next_steps,
     pareto_records,
+    same_in_every_trial,
     table_rows,
 )
 from sweeps.tracking import UI_PORT, run_url
@@ -298,14 +299,9 @@ def _cell(i: int, v: Any) -> str:
 
 
 def _trials_html(outcome: SweepOutcome, base: str, local: bool, experiment_id: str | None) -> str:
-    head, rows = table_rows(outcome)
-    # A knob every trial shares is said once above the table, which then fits a narrow viewer.
-    knobs = range(3, head.index(outcome.spec.objective.primary))
-    same = [i for i in knobs if len(rows) > 1 and len({repr(r[i]) for _, r in rows}) == 1]
-    shared = ", ".join(f"{head[i]} {_fmt_value(rows[0][1][i])}" for i in same)
-    keep = [i for i in range(len(head)) if i not in same]
-    head, rows = [head[i] for i in keep], [(t, [r[i] for i in keep]) for t, r in rows]
-    ths = "".join(f"<th title=\"{html.escape(h)} (click to sort)\">{html.escape(h).replace('/', '/<wbr>')}</th>" for h in head)
+    head, rows = table_rows(outcome)  # only the knobs that varied: the table fits a narrow viewer
+    shared = same_in_every_trial(outcome)  # the rest, said once above it
+    ths = "".join(f"<th title=\"{html.escape(h)} (click to sort)\">{html.escape(h).replace('/', '/<wbr>').replace('_', '_<wbr>')}</th>" for h in head)
     body = []
     for t, values in rows:
         cells = [_cell(i, v) for i, v in enumerate(values)]
@@ -317,7 +313,7 @@ def _trials_html(outcome: SweepOutcome, base: str, local: bool, experiment_id: s
             link = f"#{t.number}"
         cells[1] = f'<td data-v="{t.number}" class=t>{link} <small>{html.escape(t.trial_id)}</small></td>'
         body.append("<tr>" + "".join(cells) + "</tr>")
-    return ((f"<p><small>Same in every trial: {html.escape(shared)}.</small></p>" if shared else "")
+    return ((f"<p><small>{html.escape(shared)}</small></p>" if shared else "")
             + f'<div class="scroll"><table class="sortable" id="trials"><thead><tr>{ths}</tr></thead>'
             f'<tbody>{"".join(body)}</tbody></table></div>')
 

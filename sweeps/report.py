@@ -23,7 +23,7 @@ import yaml
 
 from sweeps.outcome import MEASURED, SweepOutcome, TrialRow
 from sweeps.quality import DEGRADED_TAG
-from sweeps.spec import KNOBS, CategoricalParam, FixedParam, IntParam, Param, Scalar
+from sweeps.spec import KNOBS, PARAMS_PREFIX, CategoricalParam, FixedParam, IntParam, Param, Scalar
 from sweeps.verdict import noise_tie, revise_verdicts
 from trainables.contract import (
     DATA_WAIT_PCT,
@@ -33,9 +33,6 @@ from trainables.contract import (
     THROUGHPUT_UNITS,
     throughput_cv_key,
 )
-
-_COLUMNS = ("batch_size", "precision", "lr", "num_dataloader_workers", "pin_memory")
-_HEAD = {"batch_size": "batch", "precision": "precision", "lr": "lr", "num_dataloader_workers": "loaders", "pin_memory": "pin"}
 
 
 def _fmt(v: Any) -> str:
@@ -60,37 +57,80 @@ def status_text(t: TrialRow) -> str:
     return f"{t.status} (degraded)" if t.status == "ok" and degraded(t) else t.status
 
 
+def space_keys(outcome: SweepOutcome) -> list[str]:
+    """Every knob the spec's `space` sets, fixed or searched, in its order: the loop's knobs, then the
+    trainable's own `params.<name>`."""
+    space = outcome.spec.space
+    return [k for k in KNOBS if getattr(space, k) is not None] + [PARAMS_PREFIX + k for k in space.params]
+
+
+def logged_value(t: TrialRow, key: str) -> Any:
+    """A knob's value as the trial logged it (`space.params.<name>` is logged as `workload.<name>`)."""
+    return t.params.get("workload." + key.removeprefix(PARAMS_PREFIX) if key.startswith(PARAMS_PREFIX) else key)
+
+
+def knob_split(outcome: SweepOutcome) -> tuple[list[str], dict[str, Any]]:
+    """The knobs that took more than one value over the sweep's trials (the tables' columns, in the spec's
+    `space` order) and those every trial ran alike ({knob: its one value}, said once as "Same in every
+    trial"). `lr_effective` joins them where lr_scaling made it differ from the searched lr. A trial that
+    did not log a knob differs there from one that did (its cell shows "-"); a knob no trial logged is in
+    neither."""
+    keys = space_keys(outcome)
+    trials = outcome.trials
+    keys += [p for p in QUALITY_PARAMS if any(p in t.params and t.params[p] != t.params.get("lr") for t in trials)]
+    varied: list[str] = []
+    same: dict[str, Any] = {}
+    for key in keys:
+        values = {repr(v): v for v in (logged_value(t, key) for t in trials)}
+        if len(values) > 1:
+            varied.append(key)
+        elif values and (value := next(iter(values.values()))) is not None:
+            same[key] = value
+    return varied, same
+
+
+def same_in_every_trial(outcome: SweepOutcome) -> str:
+    """The sentence under (terminal) or above (summary.html) the trials table; empty when every knob varied."""
+    same = knob_split(outcome)[1]
+    return "Same in every trial: " + ", ".join(f"{k} {_fmt(v)}" for k, v in same.items()) + "." if same else ""
+
+
 def table_rows(outcome: SweepOutcome) -> tuple[list[str], list[tuple[TrialRow, list[Any]]]]:
     """The trials table, shared by the terminal and summary.html: its header, and per trial (ranked
-    first, best first, then the rest) the raw cell values. Quality columns appear only when some
-    trial has them; a figure a trial does not have is None (shown as "-")."""
+    first, best first, then the rest) the raw cell values. One column per knob that varied
+    (`knob_split`); quality columns appear only when some trial has them; a figure a trial does not
+    have is None (shown as "-")."""
     obj = outcome.spec.objective
     metric = obj.primary
     noise = [m for m in NOISE_METRICS if any(m in t.metrics for t in outcome.trials)]
     extra = list(dict.fromkeys(m for m in (*noise, *obj.metrics[1:], *(c.metric for c in obj.constraints),
                                            LOSS_VAL, STEP_TIME_MS, DATA_WAIT_PCT) if m != metric))
     extra += [m for m in QUALITY_METRICS if m not in extra and m != metric and any(m in t.metrics for t in outcome.trials)]
-    # lr_effective only where lr_scaling made it differ from the searched lr
-    params = [p for p in QUALITY_PARAMS if any(p in t.params and t.params[p] != t.params.get("lr") for t in outcome.trials)]
-    head = ["rank", "trial", "status", *[_HEAD[c] for c in _COLUMNS], *params, metric, *extra]
+    knobs = knob_split(outcome)[0]
+    head = ["rank", "trial", "status", *knobs, metric, *extra]
     ranked = outcome.ranked()
     rest = [t for t in outcome.trials if t not in ranked]
 
     def row(rank: int | None, t: TrialRow) -> list[Any]:
         measured = t.status in MEASURED
-        return [rank, t.number, status_text(t), *[t.params.get(c) for c in (*_COLUMNS, *params)],
+        return [rank, t.number, status_text(t), *[logged_value(t, k) for k in knobs],
                 *[t.metrics.get(m) if measured else None for m in (metric, *extra)]]
 
     return head, [(t, row(i + 1, t)) for i, t in enumerate(ranked)] + [(t, row(None, t)) for t in rest]
 
 
 def trials_table(outcome: SweepOutcome) -> str:
+    """The terminal's trials table (`sweeps run`, `sweeps report`): the knobs that varied as columns,
+    what every trial shared in one line under it, then the verdicts and why trials failed."""
     head, rows = table_rows(outcome)
     cells = [[_fmt(v) if i else ("-" if v is None else str(v)) for i, v in enumerate(r)] for _, r in rows]
     for (t, _), c in zip(rows, cells, strict=True):
         c[1] = f"{t.number}:{t.trial_id}"
     widths = [max(len(r[i]) for r in [head, *cells]) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [head, *cells]]
+    same = same_in_every_trial(outcome)
+    if same:  # after a blank line: whatever reads the table's rows stops before it
+        lines += ["", same]
     ranked = outcome.ranked()
     if ranked:
         lines.append("\nBottleneck verdicts:")
@@ -110,19 +150,22 @@ def pareto_table(outcome: SweepOutcome) -> str:
         return "no finished trial meets the constraints; no Pareto front"
     lines = [f"Pareto front ({len(front)} of {len(outcome.ranked())} feasible trials; " + ", ".join(
         f"{mo} {me}" for me, mo in zip(obj.metrics, obj.modes, strict=True)) + "):"]
+    varied = knob_split(outcome)[0]
     for t in front:
         shown = ", ".join(f"{m}={_fmt(t.metrics[m])}" for m in obj.metrics)
-        knobs = ", ".join(f"{c}={_fmt(t.params.get(c))}" for c in _COLUMNS)
-        lines.append(f"  trial {t.number}: {shown} | {knobs}")
+        knobs = ", ".join(f"{k}={_fmt(logged_value(t, k))}" for k in varied)
+        lines.append(f"  trial {t.number}: {shown}" + (f" | {knobs}" if knobs else ""))
     return "\n".join(lines)
 
 
 def pareto_records(outcome: SweepOutcome) -> list[dict[str, Any]]:
-    """The Pareto front (the best trial for one objective) as flat records for CSV/JSON."""
+    """The Pareto front (the best trial for one objective) as flat records for CSV/JSON, with every knob
+    of the spec's space (the same columns for every sweep of a spec, varied or not)."""
     obj = outcome.spec.objective
     rows = outcome.pareto() if obj.multi else ([outcome.best] if outcome.best else [])
     return [{"trial": t.number, "trial_id": t.trial_id, "run_id": t.run_id,
-             **{m: t.metrics.get(m) for m in obj.metrics}, **{c: t.params.get(c) for c in _COLUMNS}} for t in rows]
+             **{m: t.metrics.get(m) for m in obj.metrics}, **{k: logged_value(t, k) for k in space_keys(outcome)}}
+            for t in rows]
 
 
 def best_fragment(outcome: SweepOutcome) -> str:
@@ -289,8 +332,7 @@ def baseline(outcome: SweepOutcome) -> TrialRow | None:
 
 def configuration(outcome: SweepOutcome, t: TrialRow) -> str:
     """A trial's searched knobs in words: `precision bf16-mixed, batch_size 128, ...`."""
-    logged = {k: t.params.get("workload." + k.removeprefix("params.") if k.startswith("params.") else k)
-              for k in outcome.spec.space.searched()}
+    logged = {k: logged_value(t, k) for k in outcome.spec.space.searched()}
     return ", ".join(f"{k} {v}" for k, v in logged.items() if v is not None) or "the spec's fixed configuration"
 
 

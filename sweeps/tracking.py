@@ -25,6 +25,8 @@ from trainables.contract import METRIC_KEY, is_metric
 logger = logging.getLogger(__name__)
 _MAX_PARAM_LEN = 6000
 _MAX_NOTE_LEN = 5000  # MLflow's tag values hold up to 8000 characters
+NOTE_TAG = "mlflow.note.content"  # a run's or an experiment's description in the UI (markdown)
+EXPERIMENT_NOTE_LEAD = "Latest sweep **"  # how an experiment description this module wrote begins
 
 
 def _versions() -> dict[str, str]:
@@ -105,6 +107,7 @@ class SweepTracker:
         self.pending: list[tuple[str, tuple[Any, ...]]] = []
         self.pending_path = pending_path
         self.degraded_reason = ""
+        self.sweep_name = ""
 
     def _do(self, method: str, *args: Any) -> None:
         """Run a per-trial tracking call now, or buffer it (and everything after it) on failure."""
@@ -149,7 +152,8 @@ class SweepTracker:
         found = self.client.get_experiment_by_name(name)
         if found is not None:
             return str(found.experiment_id)
-        # The experiment kind makes MLflow 3's UI open the training-runs view, not the GenAI one.
+        # MLflow's own mark of a model-training experiment; the 3.17 UI does not pick its view from it (checked),
+        # so every URL this module prints carries TRAINING_VIEW as well.
         return str(self.client.create_experiment(name, artifact_location=_artifact_location(self.uri, name),
                                                  tags={"mlflow.experimentKind": "custom_model_development"}))
 
@@ -159,16 +163,18 @@ class SweepTracker:
         if sha:
             all_tags["sweep.git_sha"] = sha
         if description:
-            all_tags["mlflow.note.content"] = description
+            all_tags[NOTE_TAG] = description
         run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)
-        self.parent_id = run.info.run_id
+        self.parent_id, self.sweep_name = run.info.run_id, name
         self.client.log_text(self.parent_id, spec_text, "spec.yaml")
+        started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        self._describe_experiment(f"running since {started}; its answer replaces this line when it ends.")
         return self.parent_id
 
     def resume_sweep(self, parent_id: str) -> list[Any]:
         """Reattach to a sweep's parent run; returns its child runs (one per trial, by tag)."""
         parent = self.client.get_run(parent_id)
-        self.parent_id = parent_id
+        self.parent_id, self.sweep_name = parent_id, parent.data.tags.get("sweep.name", parent.info.run_name or "")
         self.experiment_id = parent.info.experiment_id
         resumed = int(parent.data.tags.get("sweep.resumed", "0")) + 1
         self.client.set_tag(parent_id, "sweep.resumed", str(resumed))
@@ -234,9 +240,39 @@ class SweepTracker:
         self.client.set_terminated(self.parent_id, status)
 
     def set_note(self, markdown: str) -> None:
-        """The parent run's description in the UI (MLflow's `mlflow.note.content` tag, markdown)."""
+        """The parent run's description in the UI (MLflow's `mlflow.note.content` tag, markdown); its first
+        paragraph (the answer) also becomes the experiment's latest news (`experiment_note`)."""
         assert self.parent_id is not None
-        self.client.set_tag(self.parent_id, "mlflow.note.content", markdown[:_MAX_NOTE_LEN])
+        self.client.set_tag(self.parent_id, NOTE_TAG, markdown[:_MAX_NOTE_LEN])
+        self._describe_experiment(markdown.split("\n\n", 1)[0])
+
+    def _describe_experiment(self, news: str) -> None:
+        """Write the experiment's description unless someone else wrote it (one that `experiment_note` did
+        not make is the user's own, kept). It is not worth failing a sweep over (the store may let this user
+        log runs but not edit the experiment)."""
+        from mlflow.exceptions import MlflowException
+
+        assert self.parent_id is not None
+        try:
+            current = self.client.get_experiment(self.experiment_id).tags.get(NOTE_TAG, "")
+            if not current.strip() or current.startswith(EXPERIMENT_NOTE_LEAD):
+                note = experiment_note(self.sweep_name, news, self.parent_id)
+                self.client.set_experiment_tag(self.experiment_id, NOTE_TAG, note)
+        except MlflowException as exc:
+            logger.warning("could not set the description of experiment %s: %s", self.experiment_id, exc)
+
+
+def experiment_note(sweep: str, news: str, parent_run_id: str) -> str:
+    """The experiment's description: the latest sweep's answer first (the UI shows an experiment's description
+    folded to its first line above the runs table, and its first words in the experiments list), then what
+    the experiment holds and how to read it, the same for every sweep."""
+    text = (f"{EXPERIMENT_NOTE_LEAD}{sweep}**: {news}\n\n"
+            "This experiment holds the sweeps of the `sweeps` service: one parent run per sweep, named after it, "
+            "whose description is that sweep's answer and whose `report/summary.html` artifact is its full report; "
+            "under it, one child run per trial (`trial-NNN-<id>`: the configuration as params, the measurements as "
+            "metrics; expand the parent's row to list them). In a terminal: `sweeps report <sweep name>`. "
+            f"The latest sweep's parent run: `{parent_run_id}`.")
+    return text[:_MAX_NOTE_LEN]
 
 
 def experiment_of(uri: str, run_id: str) -> str | None:
@@ -250,15 +286,35 @@ def experiment_of(uri: str, run_id: str) -> str | None:
         return None
 
 
-def run_url(base: str, experiment_id: str, run_id: str) -> str:
-    """A run's page in the MLflow 3 UI served at `base`."""
-    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+# MLflow 3.17's UI opens its GenAI view (an experiment's "Overview" of traces, a run under "Evaluations")
+# unless the hash route's query says otherwise; it reads this before the browser's stored choice.
+TRAINING_VIEW = "workflowType=machine_learning"
+
+
+def _ui(base: str, route: str) -> str:
+    """`base`'s UI at a hash route, in the Model training view."""
+    return f"{base.rstrip('/')}/#/{route}{'&' if '?' in route else '?'}{TRAINING_VIEW}"
+
+
+def experiments_url(base: str) -> str:
+    """The list of experiments in the MLflow 3 UI served at `base`."""
+    return _ui(base, "experiments")
+
+
+def experiment_url(base: str, experiment_id: str) -> str:
+    """An experiment's runs table (one row per sweep, its trials nested) in the UI served at `base`."""
+    return _ui(base, f"experiments/{experiment_id}/runs")
+
+
+def run_url(base: str, experiment_id: str, run_id: str, artifact: str = "") -> str:
+    """A run's page in the MLflow 3 UI served at `base`; with `artifact`, that artifact in the run's viewer."""
+    return _ui(base, f"experiments/{experiment_id}/runs/{run_id}" + (f"/artifacts/{artifact}" if artifact else ""))
 
 
 def compare_url(base: str, experiment_id: str, run_ids: list[str]) -> str:
     """MLflow's compare view for these runs (the UI's own route: `#/compare-runs?runs=<JSON>&experiments=<JSON>`)."""
     runs, exps = json.dumps(run_ids, separators=(",", ":")), json.dumps([experiment_id])
-    return f"{base.rstrip('/')}/#/compare-runs?runs={quote(runs, safe='')}&experiments={quote(exps, safe='')}"
+    return _ui(base, f"compare-runs?runs={quote(runs, safe='')}&experiments={quote(exps, safe='')}")
 
 
 def _local_store(uri: str, cwd: Path) -> str | None:
@@ -280,11 +336,11 @@ UI_PORT = 5000
 def ui_hint(uri: str, cwd: str | None = None) -> str:
     """How to see the store in MLflow's UI: the server's address, or the command that serves a local store."""
     if uri.startswith(("http://", "https://")):
-        return f"open {uri}"
+        return f"open {experiments_url(uri)}"
     here = Path(os.path.abspath(cwd or os.getcwd()))
     store = _local_store(uri, here)
     if store == "sqlite:///mlflow.db" and _is_this_repo(here):
-        return f"make ui   (serves http://127.0.0.1:{UI_PORT})"
+        return f"make ui   (serves the UI on 127.0.0.1:{UI_PORT})"  # the URLs to open follow
     return f"{_mlflow_command(here)} ui --backend-store-uri {store or uri} --host 127.0.0.1 --port {UI_PORT}"
 
 
@@ -307,18 +363,19 @@ def _is_this_repo(path: Path) -> bool:
 def ui_links(uri: str, experiment_id: str | None, parent_run_id: str, trial_run_ids: list[str],
              cwd: str | None = None) -> list[str]:
     """The last lines of a sweep: where its answer is in MLflow's UI. A tracking server's own URLs; for a
-    local store, the command that serves it, then the URLs that server will have."""
+    local store, the command that serves it, then the URLs that server will have. Every URL opens the
+    UI's Model training view (`TRAINING_VIEW`)."""
     served = uri.startswith(("http://", "https://"))
     base = uri if served else f"http://127.0.0.1:{UI_PORT}"
     lines = [f"MLflow: parent run {parent_run_id} in {uri}"]
     if not served:
         lines.append(f"Serve the UI:  {ui_hint(uri, cwd)}")
     if experiment_id is None:
-        return [*lines, f"Open the UI:   {base} (the parent run's experiment could not be read)"]
+        return [*lines, f"Open the UI:   {experiments_url(base)} (the parent run's experiment could not be read)"]
     then = "then open" if not served else "Open"
-    answer = run_url(base, experiment_id, parent_run_id)
-    lines.append(f"{then} the answer:   {answer}")
-    lines.append(f"The full report:    {answer}/artifacts/report/summary.html")
+    lines.append(f"{then} the answer:   {run_url(base, experiment_id, parent_run_id)}")
+    lines.append(f"The full report:    {run_url(base, experiment_id, parent_run_id, 'report/summary.html')}")
     if len(trial_run_ids) >= 2:
         lines.append(f"Compare the trials: {compare_url(base, experiment_id, trial_run_ids)}")
+    lines.append(f"Every sweep here:   {experiment_url(base, experiment_id)}")
     return lines

@@ -36,6 +36,7 @@ from sweeps.report import (
     answer,
     baseline,
     best_fragment,
+    knob_split,
     load_outcome,
     next_steps,
     rows_from_runs,
@@ -53,6 +54,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 REPO = Path(__file__).resolve().parents[1]
 DEMO = (REPO / "examples" / "demo.yaml").read_text()
 TPUT = "throughput/samples_per_s"
+ML = "workflowType=machine_learning"  # MLflow 3.17's UI: the Model training view, not the GenAI one
 
 
 def _trials(n: int, seed: int = 0) -> list[TrialRow]:
@@ -159,8 +161,8 @@ def test_every_figure_and_the_page_render_with_few_and_many_trials(n: int, tmp_p
     assert "<pre" not in page and page.count("data:image/png;base64,") == len(list(out.glob("*.png")))
     assert table.head[-1] == "cpu/worker_util_mean_pct" or table.head[-1] in trials_table(outcome)
     assert len(table.rows) == n + 1 and all(len(r) == len(table.head) for r in table.rows[1:])  # +1: the header row
-    assert "lr" not in table.head and "Same in every trial: lr 0.001, pin False." in page  # said once, not a column
-    assert table.links[0] == f"http://127.0.0.1:5000/#/experiments/7/runs/{outcome.best.run_id}"
+    assert "lr" not in table.head and "Same in every trial: lr 0.001, pin_memory False." in page  # said once, not a column
+    assert table.links[0] == f"http://127.0.0.1:5000/#/experiments/7/runs/{outcome.best.run_id}?{ML}"
     assert "mlflow ui --port 5000" in page and 'onclick="copyFragment()"' in page
     assert best_fragment(outcome).splitlines()[1].strip() in page
 
@@ -211,23 +213,28 @@ def test_quality_figures_and_degraded_trials_are_shown_where_present() -> None:
 
 def test_ui_links_for_a_server_and_for_local_stores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     lines = ui_links("http://mlflow.internal:5000/", "3", "p1", ["a", "b"])
-    assert lines[1] == "Open the answer:   http://mlflow.internal:5000/#/experiments/3/runs/p1"
-    assert lines[2] == "The full report:    http://mlflow.internal:5000/#/experiments/3/runs/p1/artifacts/report/summary.html"
+    assert lines[1] == f"Open the answer:   http://mlflow.internal:5000/#/experiments/3/runs/p1?{ML}"
+    assert lines[2] == f"The full report:    http://mlflow.internal:5000/#/experiments/3/runs/p1/artifacts/report/summary.html?{ML}"
     assert lines[3] == ("Compare the trials: http://mlflow.internal:5000/#/compare-runs?runs=%5B%22a%22%2C%22b%22%5D"
-                        "&experiments=%5B%223%22%5D")
+                        f"&experiments=%5B%223%22%5D&{ML}")
+    assert lines[4] == f"Every sweep here:   http://mlflow.internal:5000/#/experiments/3/runs?{ML}"
     assert not any("mlflow ui" in line for line in lines)
+    assert ui_hint("http://mlflow.internal:5000/") == f"open http://mlflow.internal:5000/#/experiments?{ML}"
     (tmp_path / "sub").mkdir()
     monkeypatch.setenv("PATH", "/nonexistent")  # mlflow not on PATH: this interpreter's, by its path
     assert ui_hint("sqlite:///m.db", cwd=str(tmp_path)).startswith(f"{Path(sys.executable).parent / 'mlflow'} ui ")
     monkeypatch.setenv("PATH", str(Path(sys.executable).parent))
     local = ui_links("sqlite:///sub/m.db", "1", "p1", ["a", "b"], cwd=str(tmp_path))
     assert local[1] == "Serve the UI:  mlflow ui --backend-store-uri sqlite:///sub/m.db --host 127.0.0.1 --port 5000"
-    assert local[2] == "then open the answer:   http://127.0.0.1:5000/#/experiments/1/runs/p1"
+    assert local[2] == f"then open the answer:   http://127.0.0.1:5000/#/experiments/1/runs/p1?{ML}"
+    urls = [word for line in local for word in line.split() if "://" in word and not word.startswith("sqlite")]
+    assert len(urls) == 4 and all(u.endswith(ML) for u in urls)  # every URL opens the Model training view
     assert ui_hint(f"sqlite:///{tmp_path}/m.db", cwd=str(tmp_path / "sub")) == \
         f"mlflow ui --backend-store-uri sqlite:///{tmp_path}/m.db --host 127.0.0.1 --port 5000"  # outside the cwd: absolute
     assert ui_hint("sqlite:///mlflow.db", cwd=str(REPO)).startswith("make ui")
     assert ui_hint("sqlite:///mlflow.db", cwd=str(tmp_path)).startswith("mlflow ui --backend-store-uri sqlite:///mlflow.db")
-    assert ui_links("sqlite:///m.db", None, "p1", [], cwd=str(tmp_path))[-1].endswith("could not be read)")
+    assert ui_links("sqlite:///m.db", None, "p1", [], cwd=str(tmp_path))[-1] == \
+        f"Open the UI:   http://127.0.0.1:5000/#/experiments?{ML} (the parent run's experiment could not be read)"
 
 
 def test_pareto_front() -> None:
@@ -268,6 +275,59 @@ def test_best_fragment_validates_and_resolves_to_the_best_trial() -> None:
     pasted = resolve_trial(parse_spec(_SPEC.replace("SPACE", fragment), "the pasted fragment"), {})
     assert {k: getattr(pasted, k) for k in KNOBS} == {k: getattr(ran, k) for k in KNOBS}, fragment
     assert pasted.workload_params == ran.workload_params == {"num_train_rows": 2048, "hidden": 64, "num_features": 8}
+
+
+_ALIKE = """\
+name: patch-sweep
+trainable: {name: mlp-tabular, params: {num_train_rows: 2048}}
+space:
+  batch_size: {type: categorical, choices: [64, 128]}
+  precision: "32"
+  lr: 0.002
+  num_dataloader_workers: 1
+  pin_memory: false
+  params: {hidden: {type: categorical, choices: [16, 64]}, num_features: 8}
+objective: {metric: throughput/samples_per_s, mode: max}
+budget: {num_trials: 3, num_steps: 30}
+"""
+
+
+def test_the_tables_show_the_knobs_that_varied_and_say_once_what_every_trial_shared(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two trials that differ only in a trainable param (as measured: the table showed the five loop knobs,
+    `64  32  0.002  1  False` twice): that param is the only knob column of the terminal table (`sweeps run`,
+    and `sweeps report` reading the store back) and of summary.html; the rest is said once. The best
+    configuration still names every knob."""
+    spec = parse_spec(_ALIKE)
+    tracker = SweepTracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "alike-exp")
+    parent = tracker.start_sweep(spec.name, "", _ALIKE, {})
+    rows = []
+    for i, point in enumerate(({"batch_size": 64, "params.hidden": 16}, {"batch_size": 64, "params.hidden": 64}), 1):
+        t = TrialRow(f"t{i}", i, trial_params(spec, resolve_trial(spec, point)), status="ok",
+                     metrics={TPUT: 100.0 * i, "loss/val": 0.5})
+        tracker.start_trial(t.trial_id, t.number, t.params)
+        tracker.log_result(t.trial_id, t.metrics, 30)
+        tracker.end_trial(t.trial_id, True)
+        t.run_id = tracker.run_id(t.trial_id)
+        rows.append(t)
+    outcome = SweepOutcome(spec, parent, tracker.uri, rows, 1.0)
+    shared = ("Same in every trial: batch_size 64, precision 32, lr 0.002, num_dataloader_workers 1, pin_memory False, "
+              "prefetch_factor 2, persistent_workers True, compile False, params.num_features 8.")
+    table = trials_table(outcome).splitlines()
+    assert table[0].split()[:5] == ["rank", "trial", "status", "params.hidden", TPUT]
+    assert [line.split()[3] for line in table[1:3]] == ["64", "16"] and table[3:5] == ["", shared]  # best first; said once
+    assert main(["report", spec.name, "--tracking-uri", tracker.uri]) == 0
+    assert "\n".join(table) in capsys.readouterr().out  # `sweeps report`: the same table, read back from MLflow
+    page = summary_html(outcome, {}, [])
+    html_table = _Table()
+    html_table.feed(page)
+    assert html_table.head[2:5] == ["status", "params.hidden", TPUT] and f"<small>{shared}</small>" in page
+    assert list(yaml.safe_load(best_fragment(outcome))["space"]) == [*KNOBS, "params"]  # unchanged: every knob
+    rows.append(TrialRow("t3", 3, trial_params(spec, resolve_trial(spec, {"batch_size": 128, "params.hidden": 16})),
+                         status="oom", reason="CUDA out of memory"))
+    varied, same = knob_split(outcome)  # a failed trial's knobs count too
+    assert varied == ["batch_size", "params.hidden"] and "batch_size" not in same  # in the space's order
+    assert trials_table(outcome).splitlines()[0].split()[3:5] == varied
 
 
 @pytest.mark.ray
@@ -355,8 +415,33 @@ def _page(chromium: str) -> Iterator[Any]:
             browser.close()
 
 
+# Screenshots the browser tests keep: git-ignored, at the repo root where a person or a CI upload step finds
+# them after the run (pytest's tmp_path is buried and pruned); each run overwrites the last one's.
+ARTIFACTS = REPO / "test-artifacts"
+
+
+def _keep(page: Any, name: str, capsys: pytest.CaptureFixture[str]) -> Path:
+    """A full-page screenshot kept under test-artifacts/, its path printed in the test output."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / name
+    page.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 10_000, f"{path} looks empty"
+    with capsys.disabled():
+        print(f"\nscreenshot: {path}")
+    return path
+
+
+def _training_view(page: Any, *genai: str) -> None:
+    """The UI is in MLflow's Model training view: no GenAI sidebar ("Evaluation runs"), nor the GenAI page's
+    own marks given (an experiment's "Overview" of traces, a run filed under "Evaluations")."""
+    for text in ("Evaluation runs", *genai):
+        assert page.get_by_text(text, exact=True).count() == 0, f"GenAI view: {text!r} on {page.url}"
+
+
 @pytest.mark.ray
-def test_mlflow_ui_lists_parent_with_children_in_chromium(small_sweep: tuple, tmp_path: Path) -> None:
+def test_mlflow_ui_lists_parent_with_children_in_chromium(small_sweep: tuple, capsys: pytest.CaptureFixture[str]) -> None:
+    """The experiment URL the sweep prints opens the runs table (not the GenAI overview) with the sweep's
+    parent run, its trials nested under it, and the experiment described by the sweep's answer."""
     chromium = _need_chromium()
     outcome, uri, _ = small_sweep
     client = MlflowClient(uri)
@@ -364,14 +449,20 @@ def test_mlflow_ui_lists_parent_with_children_in_chromium(small_sweep: tuple, tm
     exp_id = parent.info.experiment_id
     note = parent.data.tags["mlflow.note.content"]  # set by the runner at the sweep's end: the answer first
     assert note.startswith(f"**Best: trial {outcome.best.number}**") and note.endswith("two precisions, one unsupported on CPU")
+    about = client.get_experiment(exp_id).tags["mlflow.note.content"]
+    assert about.startswith(f"Latest sweep **test-sweep**: **Best: trial {outcome.best.number}**")
+    printed = next(line for line in ui_links(uri, exp_id, outcome.parent_run_id, []) if line.startswith("Every sweep here:"))
     with _mlflow_server(uri) as port, _page(chromium) as page:
-        page.goto(f"http://127.0.0.1:{port}/#/experiments/{exp_id}/runs", wait_until="load", timeout=90_000)
-        page.get_by_text("test-sweep", exact=True).first.wait_for(timeout=90_000)
-        page.get_by_role("row").filter(has_text="test-sweep").first.get_by_role("button").first.click()
+        page.goto(printed.split()[-1].replace("http://127.0.0.1:5000/", f"http://127.0.0.1:{port}/"),
+                  wait_until="load", timeout=90_000)
+        row = page.get_by_role("row").filter(has_text="test-sweep").first
+        row.wait_for(timeout=90_000)
+        _training_view(page, "Overview")
+        page.get_by_text("Latest sweep", exact=False).first.wait_for(timeout=30_000)  # the experiment's description
+        row.get_by_role("button").first.click()
         for t in outcome.trials:
             page.get_by_text(f"trial-{t.number:03d}", exact=False).first.wait_for(timeout=30_000)
-        page.screenshot(path=str(tmp_path / "mlflow-ui.png"))
-    assert (tmp_path / "mlflow-ui.png").stat().st_size > 10_000
+        _keep(page, "mlflow-ui-sweep-runs.png", capsys)
 
 
 def _store_with_a_sweep(tmp_path: Path, n: int) -> tuple[str, SweepOutcome]:
@@ -396,10 +487,11 @@ def _store_with_a_sweep(tmp_path: Path, n: int) -> tuple[str, SweepOutcome]:
 
 def test_the_printed_urls_land_on_the_answer_in_chromium(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """What `sweeps report` prints last, opened in headless Chromium against `mlflow server`: the parent run
-    with the answer as its description, its report/summary.html in MLflow's artifact viewer (the trials
-    table's last column reachable inside the viewer, sorting, run links to this UI), and the compare view
-    of the trials with the swept params and the objective."""
+    """What `sweeps report` prints last, opened in headless Chromium against `mlflow server`, each in the UI's
+    Model training view: the experiment's runs table with the sweep's parent run, the experiment described
+    by its answer; the parent run with the answer as its description; its report/summary.html in MLflow's
+    artifact viewer (the trials table's last column reachable inside the viewer, sorting, run links to this
+    UI); and the compare view of the trials with the swept params and the objective."""
     chromium = _need_chromium()
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     uri, outcome = _store_with_a_sweep(tmp_path, 6)
@@ -409,13 +501,21 @@ def test_the_printed_urls_land_on_the_answer_in_chromium(tmp_path: Path, capsys:
     compare_url = next(line for line in printed if line.startswith("Compare the trials:")).split()[-1]
     assert next(line for line in printed if line.startswith("Serve the UI:")).startswith(
         f"Serve the UI:  mlflow ui --backend-store-uri {uri}")
+    experiment_url = next(line for line in printed if line.startswith("Every sweep here:")).split()[-1]
     with _mlflow_server(uri) as port, _page(chromium) as page:
         here = f"http://127.0.0.1:{port}/"
+        page.goto(experiment_url.replace("http://127.0.0.1:5000/", here), wait_until="load", timeout=90_000)
+        page.get_by_role("row").filter(has_text=outcome.spec.name).first.wait_for(timeout=90_000)
+        _training_view(page, "Overview")
+        page.get_by_text(f"Best: trial {outcome.best.number}", exact=False).first.wait_for(timeout=30_000)
+        _keep(page, "mlflow-ui-experiment.png", capsys)
+
         page.goto(answer_url.replace("http://127.0.0.1:5000/", here), wait_until="load", timeout=90_000)
         page.get_by_text(f"Best: trial {outcome.best.number}", exact=False).first.wait_for(timeout=90_000)
+        _training_view(page, "Evaluations")
 
         report_url = next(line for line in printed if line.startswith("The full report:")).split()[-1]
-        assert report_url == answer_url + "/artifacts/report/summary.html"
+        assert report_url == answer_url.replace(f"?{ML}", f"/artifacts/report/summary.html?{ML}")
         page.goto(report_url.replace("http://127.0.0.1:5000/", here), timeout=90_000)
         viewer = page.locator("iframe.mlflow-html-iframe")
         viewer.wait_for(timeout=60_000)
@@ -432,18 +532,20 @@ def test_the_printed_urls_land_on_the_answer_in_chromium(tmp_path: Path, capsys:
         assert page_width[0] <= page_width[1] + 1, f"summary.html overflows the viewer: {page_width}"
         assert frame.locator("pre").count() == 0 and frame.locator("img").count() >= 5
         href = frame.locator("#trials a").first.get_attribute("href")
-        assert href == f"http://127.0.0.1:{port}/#/experiments/{outcome_experiment(uri, outcome)}/runs/{outcome.best.run_id}"
+        assert href == f"http://127.0.0.1:{port}/#/experiments/{outcome_experiment(uri, outcome)}/runs/{outcome.best.run_id}?{ML}"
         first_trial = frame.locator("#trials tbody tr").first.locator("td").nth(1)
         frame.locator("#trials th").nth(1).click()  # sort by trial number, ascending
         assert first_trial.inner_text().startswith("#1 ")
-        page.screenshot(path=str(tmp_path / "summary-in-viewer.png"), full_page=True)
+        _training_view(page, "Evaluations")
+        _keep(page, "mlflow-ui-summary.png", capsys)
 
         page.goto(compare_url.replace("http://127.0.0.1:5000/", here), wait_until="load", timeout=90_000)
         for text in ("batch_size", "precision", "num_dataloader_workers", TPUT):
             page.get_by_text(text, exact=True).first.wait_for(timeout=60_000)
         for t in outcome.ranked():
             page.get_by_text(f"trial-{t.number:03d}", exact=False).first.wait_for(timeout=30_000)
-        page.screenshot(path=str(tmp_path / "compare.png"), full_page=True)
+        _training_view(page)
+        _keep(page, "mlflow-ui-compare.png", capsys)
 
 
 def outcome_experiment(uri: str, outcome: SweepOutcome) -> str:

@@ -1,4 +1,5 @@
-"""MLflow tracking: fail fast on a dead server; buffer and replay when the store fails mid-sweep."""
+"""MLflow tracking: fail fast on a dead server; buffer and replay when the store fails mid-sweep; the
+experiment's description."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from sweeps.cli import main
@@ -66,3 +68,42 @@ def test_what_never_reaches_the_store_is_saved_not_dropped(tmp_path: Path, monke
     path = tracker.dump_pending()
     lines = path.read_text().splitlines() if path else []
     assert len(lines) == 2 and '"loss/val": 0.5' in lines[1]
+
+
+def test_the_experiment_is_described_by_its_latest_sweep_unless_a_user_described_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The UI shows an experiment's description folded to its first line above the runs table: the latest
+    sweep's answer (the first paragraph of its parent run's note, not the spec's description after it),
+    then what the experiment holds. A description someone else wrote is theirs and stays."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = SweepTracker(uri, "exp")
+    first.start_sweep("s1", "the spec's description", "name: s1\n", {})
+
+    def about() -> str:
+        return str(MlflowClient(uri).get_experiment(first.experiment_id).tags["mlflow.note.content"])
+
+    assert about().startswith("Latest sweep **s1**: running since ") and "\n\nThis experiment holds the sweeps" in about()
+    first.set_note("**Best: trial 2** (batch_size 64) with x = 1. 2/2 trials finished.\n\n---\n\nthe spec's description")
+    assert about().startswith("Latest sweep **s1**: **Best: trial 2** (batch_size 64) with x = 1. 2/2 trials finished.\n\n")
+    assert "the spec's description" not in about() and about().endswith(f"parent run: `{first.parent_id}`.")
+    second = SweepTracker(uri, "exp")
+    second.start_sweep("s2", "", "name: s2\n", {})
+    assert about().startswith("Latest sweep **s2**: running since ")
+    resumed = SweepTracker(uri, "exp")
+    resumed.resume_sweep(first.parent_id)
+    resumed.set_note("**No answer**: 0/2 trials finished.")
+    assert about().startswith("Latest sweep **s1**: **No answer**: 0/2 trials finished.\n\n")
+
+    MlflowClient(uri).set_experiment_tag(first.experiment_id, "mlflow.note.content", "Our team's MNIST sweeps.")
+    third = SweepTracker(uri, "exp")
+    third.start_sweep("s3", "", "name: s3\n", {})
+    third.set_note("**Best: trial 1**")
+    assert about() == "Our team's MNIST sweeps."
+
+    def refused(*args: object) -> None:
+        raise MlflowException("PERMISSION_DENIED: may not edit experiment")
+
+    locked = SweepTracker(uri, "locked-exp")
+    monkeypatch.setattr(locked.client, "set_experiment_tag", refused)
+    assert locked.start_sweep("s4", "", "name: s4\n", {})  # the sweep goes on; the log says why
+    assert "could not set the description of experiment" in caplog.text and "PERMISSION_DENIED" in caplog.text
