@@ -132,6 +132,63 @@ def _doctor(args: argparse.Namespace) -> int:
                   args.storage_path, " ".join(["sweeps doctor", *flags]))
 
 
+# wait-head's no-op job: the name it keeps in `ray job list` (deleting it right after it ends races Ray's
+# own bookkeeping, which then records the deleted job again as FAILED)
+_PROBE_JOB = "sweeps-wait-head-"
+
+
+def wait_for_head(address: str, timeout_s: float, poll_s: float = 1.0) -> tuple[float, str]:
+    """(seconds until the Ray head at `address` accepted a job, the job's id): a no-op job submitted
+    through Ray's public `JobSubmissionClient`, so the head's job agent must answer, not only its
+    dashboard. Then waits (within `timeout_s`, at least 5 s) for the job to end: a `RuntimeError` if it
+    failed. `TimeoutError` says what the head last answered; an `AuthenticationError` is raised at once."""
+    import time
+    import uuid
+
+    from ray.exceptions import AuthenticationError
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    t0 = time.monotonic()
+    while True:
+        try:
+            client = JobSubmissionClient(address)
+            job = client.submit_job(entrypoint="true", submission_id=_PROBE_JOB + uuid.uuid4().hex[:8],
+                                    entrypoint_num_cpus=0)
+            break
+        except AuthenticationError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - not up yet (no dashboard, no job agent): the next try tells
+            last = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        left = timeout_s - (time.monotonic() - t0)
+        if left <= 0:
+            raise TimeoutError(f"the Ray head at {address} did not accept a job within {timeout_s:g}s (last try: "
+                               f"{last}); is it up, and is this its dashboard address?")
+        time.sleep(min(poll_s, left))
+    waited = time.monotonic() - t0
+    end = max(t0 + timeout_s, time.monotonic() + 5.0)
+    while not client.get_job_status(job).is_terminal() and time.monotonic() < end:
+        time.sleep(0.5)
+    info = client.get_job_info(job)
+    if info.status == JobStatus.FAILED:
+        raise RuntimeError(f"the Ray head at {address} accepted a job, but the job failed: {info.message}")
+    return waited, job
+
+
+def _wait_head(args: argparse.Namespace) -> int:
+    from ray.exceptions import AuthenticationError
+
+    try:
+        waited, job = wait_for_head(args.address, args.timeout_s)
+    except AuthenticationError as exc:
+        print(f"error: the Ray head at {args.address} refused this client: {exc}", file=sys.stderr)
+        return 2
+    except (TimeoutError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"the Ray head at {args.address} accepts jobs (after {waited:.0f}s; no-op job {job})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sweeps", description="Find the fastest correct way to train a model.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -169,6 +226,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--storage-path", default="ray_results", help="where sweeps keep their state: its free disk is checked")
     p.add_argument("--no-mlflow", action="store_true", help="do not log the figures to MLflow")
     p.set_defaults(func=_doctor)
+    p = sub.add_parser("wait-head", help="wait until a Ray head accepts jobs (run it between `ray start --head` "
+                                         "and `ray job submit`); exit 1 when it did not in time, 2 when it refused "
+                                         "this client (token auth)")
+    p.add_argument("--address", default=os.environ.get("RAY_ADDRESS", "http://127.0.0.1:8265"),
+                   help="the head's dashboard, as for `ray job submit` (default: $RAY_ADDRESS, else http://127.0.0.1:8265)")
+    p.add_argument("--timeout-s", type=float, default=60.0, help="give up after this long (default: 60)")
+    p.set_defaults(func=_wait_head)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return int(args.func(args))

@@ -156,13 +156,14 @@ TrialQueue = ray.remote(num_cpus=0, max_concurrency=1000)(Queue)  # type: ignore
 class GroupSupervisor:
     """Keeps one warm group running for a slot: a new Train run whenever the last one retired."""
 
-    def run(self, queue: Any, slot: int, spec: SweepSpec, storage_path: str, name: str) -> int:
+    def run(self, queue: Any, slot: int, spec: SweepSpec, storage_path: str, name: str,
+            workdir: str | None = None) -> int:
         from sweeps.trial import make_group_trainer
 
         groups = 0
         while not ray.get(queue.is_closed.remote()):
             groups += 1
-            trainer = make_group_trainer(spec, queue, slot, f"{name}-slot{slot}-group{groups}", storage_path)
+            trainer = make_group_trainer(spec, queue, slot, f"{name}-slot{slot}-group{groups}", storage_path, workdir)
             try:
                 trainer.fit()
             except Exception as exc:  # noqa: BLE001 - the served trial fails with it; a fresh group follows
@@ -173,9 +174,10 @@ class GroupSupervisor:
 
 
 class WarmPool:
-    """The queue and one supervised warm group per concurrency slot, for one sweep run."""
+    """The queue and one supervised warm group per concurrency slot, for one sweep run; every rank
+    works in `workdir` (the driver's working directory) where that is on its node."""
 
-    def __init__(self, spec: SweepSpec, storage_path: str, token: str) -> None:
+    def __init__(self, spec: SweepSpec, storage_path: str, token: str, workdir: str | None = None) -> None:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         # On the driver's node: a worker node that goes away must not take the queue or a slot's
@@ -185,7 +187,7 @@ class WarmPool:
         slots = spec.budget.max_concurrent_trials
         self.supervisors = [GroupSupervisor.options(scheduling_strategy=here).remote()  # type: ignore[attr-defined]
                             for _ in range(slots)]
-        self.runs = [s.run.remote(self.queue, i, spec, storage_path, f"{spec.name}-warm")
+        self.runs = [s.run.remote(self.queue, i, spec, storage_path, f"{spec.name}-warm", workdir)
                      for i, s in enumerate(self.supervisors)]
 
     def close(self, timeout_s: float = 30.0) -> int:

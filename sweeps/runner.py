@@ -78,12 +78,15 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
     uri = tracker.uri
     exp_dir = experiment_dir(spec)
     token = state.token if state is not None else uuid.uuid4().hex
-    pool = WarmPool(spec, str(exp_dir / "trials"), token) if spec.scaling.reuse_workers else None
+    # Every rank works here, as under torchrun: the user's relative paths resolve as they do for them
+    # (inside `ray job submit`, this is the job's working directory).
+    workdir = os.getcwd()
+    pool = WarmPool(spec, str(exp_dir / "trials"), token, workdir) if spec.scaling.reuse_workers else None
     probe_tags: dict[str, str] = {}
     probe_s = 0.0
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, spec=spec, storage_path=str(exp_dir / "trials"),
-                             pool=pool.queue if pool is not None else None), DRIVER_RESOURCES)
+                             pool=pool.queue if pool is not None else None, workdir=workdir), DRIVER_RESOURCES)
     if state is not None:  # resume: the same parent and child runs, the searcher's state, finished trials
         parent = state.parent_run_id
         rows = rows_from_runs(tracker.resume_sweep(parent))

@@ -54,20 +54,25 @@ def _torch_trainer(train_fn: Any, config: dict[str, Any], scaling: ScalingSpec, 
     )
 
 
-def make_trainer(cfg: TrialConfig, scaling: ScalingSpec, name: str, storage_path: str, callbacks: list[Any]) -> Any:
-    """A Ray Train `TorchTrainer` running the shared loop for one trial config."""
-    from trainables.ray_worker import train_worker
+def make_trainer(cfg: TrialConfig, scaling: ScalingSpec, name: str, storage_path: str, callbacks: list[Any],
+                 workdir: str | None = None) -> Any:
+    """A Ray Train `TorchTrainer` running the shared loop for one trial config, every rank in `workdir`
+    (the sweep driver's working directory) where that is on its node, else in Ray's run folder."""
+    from trainables.pool_worker import WORKDIR, cold_worker
 
-    return _torch_trainer(train_worker, cfg.to_dict(), scaling, scaling.cpus_per_rank(cfg.num_dataloader_workers),
-                          cfg.collective_timeout_s, name, storage_path, callbacks)
+    return _torch_trainer(cold_worker, {"trial": cfg.to_dict(), WORKDIR: workdir}, scaling,
+                          scaling.cpus_per_rank(cfg.num_dataloader_workers), cfg.collective_timeout_s, name,
+                          storage_path, callbacks)
 
 
-def make_group_trainer(spec: SweepSpec, queue: Any, slot: int, name: str, storage_path: str) -> Any:
-    """A warm group: a `TorchTrainer` whose ranks serve the trials of `queue` until it closes. It holds
-    what the largest trial of the space needs (loader workers included) for as long as it lives."""
-    from trainables.pool_worker import pool_worker
+def make_group_trainer(spec: SweepSpec, queue: Any, slot: int, name: str, storage_path: str,
+                       workdir: str | None = None) -> Any:
+    """A warm group: a `TorchTrainer` whose ranks serve the trials of `queue` until it closes, in
+    `workdir` as `make_trainer`'s. It holds what the largest trial of the space needs (loader workers
+    included) for as long as it lives."""
+    from trainables.pool_worker import WORKDIR, pool_worker
 
-    return _torch_trainer(pool_worker, {"queue": queue, "slot": slot, "group": name}, spec.scaling,
+    return _torch_trainer(pool_worker, {"queue": queue, "slot": slot, "group": name, WORKDIR: workdir}, spec.scaling,
                           spec.scaling.cpus_per_rank(spec.max_loader_workers()), spec.budget.collective_timeout_s,
                           name, storage_path, callbacks=[])
 
@@ -118,9 +123,11 @@ def _run_warm(pool: Any, trial_id: str, cfg: TrialConfig, checkpoint_dir: Path, 
             ray.get(pool.cancel.remote(trial_id))
 
 
-def run_trial(config: dict[str, Any], spec: SweepSpec, storage_path: str, pool: Any = None) -> None:
+def run_trial(config: dict[str, Any], spec: SweepSpec, storage_path: str, pool: Any = None,
+              workdir: str | None = None) -> None:
     """One Tune trial: the shared loop with the sampled config, in a Ray Train run of its own, or
-    (with `pool`, `scaling.reuse_workers`) in a warm group that serves trial after trial."""
+    (with `pool`, `scaling.reuse_workers`) in a warm group that serves trial after trial. `workdir`:
+    the driver's working directory, every rank's own (a warm group has it from its pool)."""
     from ray.tune.integration.ray_train import TuneReportCallback
 
     trial_id = tune.get_context().get_trial_id()
@@ -139,7 +146,7 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, storage_path: str, pool: 
                 if pool is not None:
                     _run_warm(pool, trial_id, cfg, warm_checkpoint, resume_from)
                 else:
-                    make_trainer(cfg, spec.scaling, name, storage_path, callbacks=[TuneReportCallback()]).fit()
+                    make_trainer(cfg, spec.scaling, name, storage_path, [TuneReportCallback()], workdir).fit()
                 return
             except Exception as exc:  # noqa: BLE001 - every failure is classified; only transient ones retried
                 kind, reason = classify(exc)

@@ -9,14 +9,21 @@ precision, divergence, out of memory) or must retire (a rank crashed, hung, or f
 its peers wait in a collective). A retiring group raises out of the train function: Ray Train
 tears every rank down and the sweep's supervisor starts a fresh group.
 
+Every rank works in the directory the sweep's driver runs in (`enter_workdir`): the one `sweeps
+run` started in, or inside `ray job submit` the job's working directory, as under torchrun,
+Lightning or Accelerate; Ray Train alone would move each rank into its own run folder. A file the
+trial does not find fails it as a `WorkloadError` that says where relative paths resolved.
+
 Imports Ray core and Ray Train lazily, never Ray Tune.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +48,50 @@ class TrialCancelled(Exception):
 
 class RetireGroup(RuntimeError):
     """This group must not serve another trial; Ray Train tears it down, a fresh one follows."""
+
+
+# The key of a train function's config that holds the driver's working directory.
+WORKDIR = "workdir"
+_DRIVER_DIR = "where `sweeps run` started; in a job: its working directory"
+
+
+def enter_workdir(workdir: str | None) -> str:
+    """Make `workdir` (the sweep driver's working directory) this process's, if it is on this node;
+    else Ray's run folder stays, with a warning. Returns what relative paths resolve against, in words."""
+    if workdir is None:
+        return "Ray's run folder"
+    if os.path.isdir(workdir):
+        os.chdir(workdir)
+        return _DRIVER_DIR
+    logger.warning("%s, the directory the sweep's driver runs in, is not on this node: relative paths resolve "
+                   "against Ray's run folder %s", workdir, os.getcwd())
+    return f"Ray's run folder: {workdir}, where `sweeps run` started, is not on this node"
+
+
+def missing_file(exc: FileNotFoundError, origin: str) -> WorkloadError:
+    """A `WorkloadError` (kind `config`) naming the missing file and the directory relative paths resolve
+    against. A DataLoader worker's error arrives re-raised with its traceback as text: its last line says it."""
+    if exc.filename is not None:
+        what = f"{exc.strerror or 'No such file or directory'}: {exc.filename!r}"
+    else:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        what = lines[-1] if lines else "FileNotFoundError"
+    error = WorkloadError(f"{what} — relative paths resolve against {os.getcwd()} ({origin}); give paths from "
+                          "there, or absolute ones on storage every node mounts")
+    where = getattr(exc, "sweeps_where", None)  # where the loop stopped: the warm group compares it across ranks
+    if where is not None:
+        error.sweeps_where = where  # type: ignore[attr-defined]
+    return error
+
+
+@contextlib.contextmanager
+def naming_workdir(origin: str) -> Iterator[None]:
+    """Turn a FileNotFoundError out of the trial (the user's build, dataset, loader workers) into
+    `missing_file`'s error, which says where relative paths resolved (`origin`: what that is)."""
+    try:
+        yield
+    except FileNotFoundError as exc:
+        raise missing_file(exc, origin) from exc
 
 
 def clean_failure(exc: BaseException | None) -> bool:
@@ -100,8 +151,20 @@ def _next_item(queue: Any, slot: int, rank: int, world: int, device: torch.devic
             return item
 
 
+def cold_worker(config: dict[str, Any]) -> None:
+    """Ray Train's train function for a trial in a Train run of its own (`scaling.reuse_workers: false`):
+    the shared loop (`trainables.ray_worker`) in the driver's working directory (`config`: the trial's
+    config under "trial", the directory under `WORKDIR`)."""
+    from trainables.ray_worker import train_worker
+
+    origin = enter_workdir(config.get(WORKDIR))
+    with naming_workdir(origin):
+        train_worker(config["trial"])
+
+
 def pool_worker(config: dict[str, Any]) -> None:
-    """Ray Train's train function for a warm group (`config`: the queue handle, the slot, the group number)."""
+    """Ray Train's train function for a warm group (`config`: the queue handle, the slot, the group
+    number, the driver's working directory)."""
     import ray
     import ray.train
     import ray.train.torch
@@ -109,6 +172,8 @@ def pool_worker(config: dict[str, Any]) -> None:
     from trainables.loop import train
 
     queue, slot, group = config["queue"], int(config["slot"]), str(config["group"])
+    origin = enter_workdir(config.get(WORKDIR))
+    home = os.getcwd()
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
@@ -128,7 +193,9 @@ def pool_worker(config: dict[str, Any]) -> None:
         facts = {"device/ray_node_id": node, "pool/group": group, "pool/trial_in_group": str(served)}
         error: BaseException | None = None
         try:
-            train(cfg, reporter, device, facts=facts, resume_from=resume_from)
+            with naming_workdir(origin):
+                os.chdir(home)  # a trial that changed directory does not move the next one
+                train(cfg, reporter, device, facts=facts, resume_from=resume_from)
         except BaseException as exc:  # noqa: BLE001 - every way a trial ends goes to the queue
             error = exc
         where = getattr(error, "sweeps_where", None) if error is not None else None
