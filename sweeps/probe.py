@@ -66,7 +66,7 @@ def _try(queue: Any, spec: SweepSpec, knobs: dict[str, Any]) -> tuple[str, str]:
     cfg = dataclasses.replace(resolve_trial(spec, knobs), num_steps=_PROBE_STEPS, num_warmup_steps=1, probe=True,
                               telemetry_period_s=0.0, report_interval_s=1e9, checkpoint_every_steps=0, num_items=0,
                               eval_every_steps=0, target_metric=None, target_max=None, target_min=None,
-                              min_window_s=0.0)  # a probe asks whether a step fits, not how fast it runs
+                              min_window_s=0.0, max_window_s=0.0, max_warmup_s=0.0)  # whether a step fits, not how fast
     trial_id = f"probe-{uuid.uuid4().hex[:8]}"
     with tempfile.TemporaryDirectory(prefix="probe-") as tmp:
         try:

@@ -44,6 +44,9 @@ def resolve_trial(spec: SweepSpec, sampled: dict[str, Any], metrics_path: str | 
         num_steps = b.num_steps
     else:  # equal data: the loop plans from its warm-up's items per step; this is exact for samples
         num_steps = max(1, math.ceil(b.num_items / global_batch) - b.num_warmup_steps) if b.num_samples else 1
+    steps_fixed = es is not None and es.grace_steps is not None  # ASHA on steps: it ends trials at num_steps
+    window_box, warmup_box = (0.0, 0.0) if target is not None else b.time_box(
+        spec.scaling.use_gpu, steps_fixed, constrained=bool(spec.objective.constraints))
     return TrialConfig(
         workload=spec.trainable.name,
         workload_params={**spec.trainable.params, **own},
@@ -71,8 +74,9 @@ def resolve_trial(spec: SweepSpec, sampled: dict[str, Any], metrics_path: str | 
         num_warmup_steps=spec.budget.num_warmup_steps,
         report_interval_s=spec.budget.report_interval_s,
         # a target sets the length; ASHA on steps compares and ends trials at num_steps
-        min_window_s=0.0 if target is not None else b.window_s(
-            spec.scaling.use_gpu, steps_fixed=es is not None and es.grace_steps is not None),
+        min_window_s=0.0 if target is not None else b.window_s(spec.scaling.use_gpu, steps_fixed),
+        max_window_s=window_box,
+        max_warmup_s=warmup_box,
         loader_timeout_s=spec.budget.loader_timeout_s,
         collective_timeout_s=spec.budget.collective_timeout_s,
         checkpoint_every_steps=spec.budget.checkpoint_every_steps,
@@ -115,6 +119,8 @@ def trial_params(spec: SweepSpec, cfg: TrialConfig) -> dict[str, Any]:
         "num_steps": cfg.num_steps if not cfg.num_items else None,  # an item budget's steps are in the metrics
         "num_warmup_steps": cfg.num_warmup_steps,
         "min_window_s": cfg.min_window_s or None,  # the steps actually run are progress/steps
+        "max_window_s": cfg.max_window_s or None,
+        "max_warmup_s": cfg.max_warmup_s or None,
         "seed": cfg.seed,
     }
     if spec.budget.item_unit is not None:

@@ -457,6 +457,9 @@ class SearchSpec(BaseModel):
 
 
 GPU_MIN_WINDOW_S = 10.0
+# Time boxes (num_steps with a speed objective): (max_window_s, max_warmup_s) on GPU and on CPU
+GPU_TIME_BOX_S = (30.0, 10.0)
+CPU_TIME_BOX_S = (5.0, 3.0)
 
 
 class BudgetSpec(BaseModel):
@@ -474,6 +477,15 @@ class BudgetSpec(BaseModel):
     min_window_s: float | None = Field(default=None, ge=0, description="with num_steps: each trial's measured window "
                                        "lasts at least this long, running more steps than num_steps if needed (the "
                                        "number run is logged as progress/steps); default 10 on GPU, 0 on CPU")
+    max_window_s: float | None = Field(default=None, gt=0, description="with num_steps: each trial's measured window "
+                                       "ends once it lasts this long, with fewer steps than num_steps if need be (never "
+                                       "fewer than the 3 sub-windows the throughput's noise figure needs); default 30 on "
+                                       "GPU, 5 on CPU; off by default with objective.constraints (a quality constraint "
+                                       "wants equal steps)")
+    max_warmup_s: float | None = Field(default=None, gt=0, description="with num_steps: warm-up ends once its timed "
+                                       "steps (after step 0, which builds, starts loaders and compiles) last this long, "
+                                       "with fewer steps than num_warmup_steps if need be (never fewer than 2); "
+                                       "default 10 on GPU, 3 on CPU")
     report_interval_s: float = Field(default=10.0, gt=0)
     max_retries: int = Field(default=1, ge=0, description="re-runs of a trial whose worker or node died "
                              "(transient); other failures are final")
@@ -498,6 +510,14 @@ class BudgetSpec(BaseModel):
         if self.num_steps is None and self.min_window_s:
             raise ValueError(f"min_window_s: {self.min_window_s:g} has no effect with {given[0]}: an equal-data budget "
                              "sets each trial's length (its data, not the clock); remove min_window_s, or use num_steps")
+        boxed = [k for k in ("max_window_s", "max_warmup_s") if getattr(self, k) is not None]
+        if self.num_steps is None and boxed:
+            raise ValueError(f"{boxed[0]}: {getattr(self, boxed[0]):g} has no effect with {given[0]}: an equal-data "
+                             f"budget sets each trial's length (its data, not the clock); remove {boxed[0]}, or use "
+                             "num_steps")
+        if self.max_window_s is not None and self.min_window_s and self.max_window_s < self.min_window_s:
+            raise ValueError(f"max_window_s: {self.max_window_s:g} is below min_window_s: {self.min_window_s:g}; "
+                             "raise max_window_s or lower min_window_s")
         if self.num_steps is None and self.num_warmup_steps < 1:
             raise ValueError(f"{given[0]} plans each trial's steps from its warm-up's items per step: "
                              "num_warmup_steps must be >= 1")
@@ -511,6 +531,20 @@ class BudgetSpec(BaseModel):
         if self.num_items or steps_fixed:
             return 0.0
         return self.min_window_s if self.min_window_s is not None else (GPU_MIN_WINDOW_S if use_gpu else 0.0)
+
+    def time_box(self, use_gpu: bool, steps_fixed: bool = False, constrained: bool = False) -> tuple[float, float]:
+        """(max_window_s, max_warmup_s), 0 where off: as given, else 30/10 s on GPU and 5/3 s on CPU, so with
+        a speed objective every trial costs about the same seconds whatever its step time. Off with an
+        equal-data budget and ASHA on steps (they set the length); a quality constraint (`constrained`)
+        leaves them off unless given (its metric wants equal steps). The window never ends below the
+        least window (min_window_s, or 10 s on GPU)."""
+        if self.num_items or steps_fixed:
+            return 0.0, 0.0
+        window, warmup = GPU_TIME_BOX_S if use_gpu else CPU_TIME_BOX_S
+        window = self.max_window_s if self.max_window_s is not None else (0.0 if constrained else window)
+        warmup = self.max_warmup_s if self.max_warmup_s is not None else (0.0 if constrained else warmup)
+        least = self.window_s(use_gpu, steps_fixed)
+        return (max(window, least) if window else 0.0), warmup
 
     @property
     def num_items(self) -> int:
@@ -667,6 +701,14 @@ class SweepSpec(BaseModel):
                 and es.grace_steps >= self.budget.num_steps:
             raise ValueError(f"search.early_stopping.grace_steps ({es.grace_steps}) must be below budget.num_steps "
                              f"({self.budget.num_steps}), or nothing is ever stopped")
+        boxed = [k for k in ("max_window_s", "max_warmup_s") if getattr(self.budget, k)]
+        if es is not None and es.grace_steps is not None and boxed:
+            raise ValueError(f"budget.{boxed[0]}: {getattr(self.budget, boxed[0]):g} would end trials before "
+                             "num_steps, where ASHA (search.early_stopping.grace_steps) compares and ends them at equal "
+                             f"steps; remove {boxed[0]}, or remove early_stopping")
+        if target is not None and (self.budget.max_window_s or self.budget.max_warmup_s):
+            raise ValueError("budget.max_window_s / max_warmup_s: with objective.target the target sets each "
+                             "trial's length (num_steps at most); remove them")
         if es is not None and es.grace_steps is not None and self.budget.min_window_s:
             raise ValueError(f"budget.min_window_s: {self.budget.min_window_s:g} would run trials past num_steps, "
                              "where ASHA (search.early_stopping.grace_steps) compares and ends them at equal steps; "

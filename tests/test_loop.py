@@ -148,3 +148,24 @@ def test_the_spread_is_taken_over_sub_windows_of_equal_steps() -> None:
     assert _spread(marks, CPU) == pytest.approx(0.0, abs=1e-6)  # the dense marks merge into one 30-step span
     assert _spread(marks[:11], CPU) > 30  # alone, the 3-step spans differ by a factor of 2
     assert _spread(marks[:3], CPU) is None  # fewer than 3 sub-windows: absent, not a made-up figure
+
+
+def test_time_boxes_end_warm_up_and_window_on_the_clock_not_the_step_count(data_dir: Path) -> None:
+    cfg = _cfg(data_dir, workload="mlp-tabular", workload_params={}, num_steps=100_000, num_warmup_steps=1000,
+               max_window_s=0.6, max_warmup_s=0.3, report_interval_s=10.0, telemetry_period_s=0)
+    final = train(cfg, ListReporter(), CPU)
+    # planned from warm-up's step time to fit the box, ended at the first sub-window mark past it if slower
+    assert 0.3 <= final[contract.WINDOW_S] < 1.2
+    assert 3 <= final[contract.STEPS] < 100_000
+    assert contract.throughput_cv_key("samples") in final  # never fewer sub-windows than the noise figure needs
+    assert final[contract.WARMUP_S] < 3.0  # 1000 warm-up steps were not run
+
+
+def test_a_slow_configuration_keeps_the_steps_its_noise_figure_needs(data_dir: Path) -> None:
+    # every step takes >= 0.15 s; the boxes allow 0.1 s: warm-up stops at step 2, the window after 3 steps
+    cfg = _cfg(data_dir, workload="tests.user_pieces:slow_steps", workload_params={"delay_s": 0.15}, num_steps=50,
+               num_warmup_steps=5, max_window_s=0.1, max_warmup_s=0.1, report_interval_s=10.0, telemetry_period_s=0)
+    rep = ListReporter()
+    final = train(cfg, rep, CPU)
+    assert final[contract.STEPS] == 3 and contract.throughput_cv_key("samples") in final
+    assert final[contract.seen_key("samples")] == (2 + 3) * 16  # two warm-up steps, three measured

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.utils.data import IterableDataset
 
 from trainables import BuildContext, Workload
@@ -57,3 +59,23 @@ def sgd_mlp(params: dict[str, Any], ctx: BuildContext) -> Workload:
     wl = build("mlp-tabular", {"num_train_rows": 512, "num_val_rows": 64}, ctx)
     wl.optimizer_fn = lambda model, lr: torch.optim.SGD(model.parameters(), lr=lr)
     return wl
+
+
+class _Slow(nn.Module):
+    """Sleeps `delay_s` in every training forward: a configuration whose steps are slow."""
+
+    def __init__(self, inner: nn.Module, delay_s: float) -> None:
+        super().__init__()
+        self.inner, self.delay_s = inner, delay_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            time.sleep(self.delay_s)
+        return self.inner(x)  # type: ignore[no-any-return]
+
+
+def slow_steps(params: dict[str, Any], ctx: BuildContext) -> Workload:
+    """mlp-tabular whose training steps take at least `delay_s` (params) each."""
+    workload = build("mlp-tabular", {"num_train_rows": 1024, "num_val_rows": 128}, ctx)
+    workload.model = _Slow(workload.model, float(params["delay_s"]))
+    return workload

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from trainables.contract import CHECKPOINT_FILE, LR_SCHEDULES, PRECISIONS, TrialConfig
 from trainables.loop import train
+from trainables.pool_worker import naming_workdir
 from trainables.reporting import JsonlReporter, keep_checkpoint
 
 
@@ -51,6 +52,12 @@ def _parse(argv: list[str] | None) -> tuple[Path | None, TrialConfig]:
     p.add_argument("--min-window-s", type=float, default=0.0,
                    help="the measured window lasts at least this long: more steps than --num-steps if needed "
                    "(the sweep's budget.min_window_s; 10 is its GPU default)")
+    p.add_argument("--max-window-s", type=float, default=0.0,
+                   help="the measured window ends once it lasts this long, before --num-steps if need be (never "
+                   "fewer than 3 sub-windows; the sweep's budget.max_window_s; 0: off)")
+    p.add_argument("--max-warmup-s", type=float, default=0.0,
+                   help="warm-up ends once its timed steps (after step 0) last this long (never fewer than 2 steps; "
+                   "the sweep's budget.max_warmup_s; 0: off)")
     p.add_argument("--num-dataloader-workers", type=int, default=0)
     p.add_argument("--pin-memory", action="store_true")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
@@ -103,6 +110,8 @@ def _parse(argv: list[str] | None) -> tuple[Path | None, TrialConfig]:
         max_grad_norm=a.max_grad_norm, lr_warmup_steps=a.lr_warmup_steps, lr_schedule=a.lr_schedule,
         tf32_under_autocast=a.tf32_under_autocast, num_items=a.num_items, eval_every_steps=a.eval_every_steps,
         min_window_s=a.min_window_s,
+        max_window_s=a.max_window_s,
+        max_warmup_s=a.max_warmup_s,
         grad_noise_scale=a.grad_noise_scale, **target,
     )
 
@@ -138,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         else:  # a restarted group continues from the checkpoint the crashed one kept
             reporter = DirCheckpointReporter(cfg.metrics_path, rank, checkpoints)
             resume = str(checkpoints) if (checkpoints / CHECKPOINT_FILE).exists() else None
-        train(cfg, reporter, device, resume_from=resume)
+        with naming_workdir("where torchrun started"):  # a missing file's error says where relative paths resolved
+            train(cfg, reporter, device, resume_from=resume)
         if world > 1:
             dist.barrier()  # no rank tears the group down while a peer is still in a collective
         if checkpoints is not None and rank == 0:  # finished: the next start is a new run
