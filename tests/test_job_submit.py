@@ -102,32 +102,55 @@ def _client_env(home: Path, token_path: str | None) -> dict[str, str]:
     return env
 
 
-def test_job_submit_runs_a_sweep_with_token_auth(head: dict[str, str], mlflow_server: str, tmp_path: Path) -> None:
-    spec = tmp_path / "job.yaml"
-    spec.write_text(
-        "name: job-sweep\n"
-        "trainable: {name: mlp-tabular, params: {num_train_rows: 1024}}\n"
-        "space: {lr: {type: float, low: 1.0e-3, high: 1.0e-2, log: true}}\n"
-        "budget: {num_trials: 2, num_steps: 20, num_warmup_steps: 2}\n"
-        f"tracking: {{uri: '{mlflow_server}', experiment: job-exp}}\n"
-        f"storage_path: {tmp_path / 'results'}\n"
-    )
-    submit = [str(BIN / "ray"), "job", "submit", "--address", head["address"], "--working-dir", str(REPO),
-              "--", "python", "-m", "sweeps", "run", str(spec)]
+JOB_SPEC = """\
+name: job-sweep
+trainable: {{name: "examples.image_folder:build", params: {{root: data/shapes, width: 4}}}}
+space: {{batch_size: 4, lr: {{type: float, low: 1.0e-3, high: 1.0e-2, log: true}}}}
+budget: {{num_trials: 2, num_steps: 4, num_warmup_steps: 2, report_interval_s: 0.01}}
+scaling: {{num_workers: 2, cpus_per_worker: 1}}
+telemetry: {{period_s: 0}}
+tracking: {{uri: "{uri}", experiment: job-exp}}
+storage_path: {storage}
+"""
 
-    refused = subprocess.run(submit, env=_client_env(tmp_path, None), capture_output=True, text=True, timeout=120)
-    said = refused.stdout + refused.stderr
-    assert refused.returncode != 0
+
+def test_the_readme_steps_wait_for_the_head_then_a_job_runs_a_sweep_reading_its_own_files(
+        head: dict[str, str], mlflow_server: str, tmp_path: Path) -> None:
+    """`ray start --head`, `sweeps wait-head`, `ray job submit --working-dir .` (token auth): a client
+    without the token is refused by both; with it the head accepts the job, whose ranks resolve the
+    spec's relative data path against the job's working directory, and both trials land in MLflow."""
+    from examples.image_folder import prepare
+
+    wait = [sys.executable, "-m", "sweeps", "wait-head", "--address", head["address"], "--timeout-s", "120"]
+    refused = subprocess.run(wait, env=_client_env(tmp_path, None), capture_output=True, text=True, timeout=150)
+    assert refused.returncode == 2 and "refused this client" in refused.stderr, refused.stderr[-2000:]
+    env = _client_env(tmp_path, head["token_path"])
+    ready = subprocess.run(wait, env=env, capture_output=True, text=True, timeout=150)
+    assert ready.returncode == 0, ready.stderr[-2000:]
+    assert f"the Ray head at {head['address']} accepts jobs" in ready.stdout
+
+    project = tmp_path / "project"  # what the user submits: the spec and data/ beside it
+    prepare(project / "data" / "shapes", num_per_class=8, image_size=12)
+    (project / "sweep.yaml").write_text(JOB_SPEC.format(uri=mlflow_server, storage=tmp_path / "results"))
+    submit = [str(BIN / "ray"), "job", "submit", "--address", head["address"], "--working-dir", ".",
+              "--", "python", "-m", "sweeps", "run", "sweep.yaml"]
+    denied = subprocess.run(submit, cwd=project, env=_client_env(tmp_path, None), capture_output=True, text=True,
+                            timeout=120)
+    said = denied.stdout + denied.stderr
+    assert denied.returncode != 0
     assert "Failed to connect" not in said and ("401" in said or "token" in said.lower()), said[-2000:]
     client = MlflowClient(mlflow_server)
     assert client.get_experiment_by_name("job-exp") is None  # refused: nothing ran
 
-    done = subprocess.run(submit, env=_client_env(tmp_path, head["token_path"]), capture_output=True, text=True, timeout=400)
+    done = subprocess.run(submit, cwd=project, env=env, capture_output=True, text=True, timeout=400)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     assert "succeeded" in out and "Sweep job-sweep finished" in out and "2/2 trials ok" in out
-
     runs = client.search_runs([client.get_experiment_by_name("job-exp").experiment_id])
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     assert len(runs) == 3 and len(children) == 2
     assert all(r.data.metrics["throughput/samples_per_s"] > 0 for r in children)
+    probe = ready.stdout.split("no-op job ")[1].split(")")[0]
+    status = subprocess.run([str(BIN / "ray"), "job", "status", "--address", head["address"], probe], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert f"Job '{probe}' succeeded" in status.stdout, status.stdout[-2000:]  # wait-head's no-op job ran
