@@ -16,7 +16,7 @@ from ray import tune
 from sweeps.breaker import FailureStreak
 from sweeps.failures import failure_of
 from sweeps.outcome import MEASURED, TrialRow, end_status
-from sweeps.progress import progress_line
+from sweeps.progress import expected_cost, progress_line
 from sweeps.search import knobs_of, oom_label, record_oom, shared
 from sweeps.sol import SpeedOfLight
 from sweeps.space import resolve_trial, trial_params
@@ -59,6 +59,8 @@ class SweepCallback(tune.Callback):
         self._streak = FailureStreak(spec.budget.max_identical_failures)
         self._started: set[str] = set()  # by this driver; Tune ends each one unless it stops early
         self._ended: set[str] = set()
+        self._began: dict[str, float] = {}  # monotonic time each trial started (this driver)
+        self._cost: dict[str, float] = {}  # each ended trial's own wall time, start to end: what the ETA uses
         self.halted = ""  # why a trial asked to halt the sweep (HALT_KINDS)
         self.queue: Any = None  # the warm pool's queue, when the sweep has one
         self.speed_of_light: SpeedOfLight | None = None  # measured limits to score finished trials against
@@ -82,6 +84,7 @@ class SweepCallback(tune.Callback):
             self.rows[trial.trial_id] = row
         row.status, row.reason = "running", ""  # a resumed trial starts over in the same MLflow run
         self._started.add(trial.trial_id)
+        self._began[trial.trial_id] = time.monotonic()
         self.tracker.trial_started(trial.trial_id, row.number, params)
         row.run_id = self.tracker.run_id(trial.trial_id)
         shown = ", ".join(f"{k}={v}" for k, v in trial.config.items())
@@ -145,6 +148,8 @@ class SweepCallback(tune.Callback):
 
     def _finish(self, trial_id: str, status: str, reason: str) -> None:
         self._ended.add(trial_id)
+        if trial_id in self._began:
+            self._cost[trial_id] = time.monotonic() - self._began[trial_id]
         if self.queue is not None:  # Tune ended it: a warm group still running (or queueing) it stops
             self.queue.cancel.remote(trial_id)
         row = self.rows[trial_id]
@@ -176,7 +181,10 @@ class SweepCallback(tune.Callback):
             self.echo(f"STOPPING the sweep: {why}. Fix that, then run the sweep again.")
 
     def _progress(self, row: TrialRow) -> str:
-        return progress_line(self.spec, row, list(self.rows.values()), time.monotonic() - self.t0)
+        now = time.monotonic()
+        running = [now - t for k, t in self._began.items() if k not in self._ended]
+        expected = [expected_cost(self.spec, cost, self.rows[k].metrics) for k, cost in self._cost.items()]
+        return progress_line(self.spec, row, list(self.rows.values()), now - self.t0, expected, running)
 
 
 def _interrupt_tune() -> bool:

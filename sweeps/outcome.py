@@ -60,6 +60,36 @@ def end_status(spec: SweepSpec, metrics: dict[str, Any], tripped: str, out_of_ti
     return "stopped", "ended without its final report", []
 
 
+# Not compared between twins: params that do not change a step's speed, and those that follow from a
+# knob compared itself (global batch from batch_size and num_workers, the CPUs reserved from the loader
+# workers and the ranks).
+NOT_SPEED = frozenset({"lr", "lr_effective", "lr_warmup_steps", "lr_schedule", "max_grad_norm", "seed",
+                       "global_batch_size", "cpus_reserved"})
+
+
+def number(v: Any) -> float | None:
+    """A logged value as a number (MLflow gives "128" back for 128); None for text and booleans."""
+    if isinstance(v, bool):
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal as logged: numbers as numbers, the rest as lower-case text."""
+    x, y = number(a), number(b)
+    return x == y if x is not None and y is not None else str(a).strip().lower() == str(b).strip().lower()
+
+
+def twins(a: TrialRow, b: TrialRow, knob: str) -> bool:
+    """The two trials differ at most in `knob` among the params that change a step's speed (a param only
+    one of them logged counts as a difference)."""
+    keys = (a.params.keys() | b.params.keys()) - NOT_SPEED - {knob}
+    return all(k in a.params and k in b.params and same(a.params[k], b.params[k]) for k in keys)
+
+
 def dominates(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
     """a is at least as good as b everywhere and better somewhere (all objectives maximised)."""
     return all(x >= y for x, y in zip(a, b, strict=True)) and a != b

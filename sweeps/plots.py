@@ -3,7 +3,8 @@
 Figures: throughput vs batch size per precision (batch sizes on a log2 axis, ticks at the sizes
 that ran); a precision x batch size heat map of throughput, and of peak GPU memory where it was
 measured; where each trial's step time went (waiting for data, host-to-device copy, the rest);
-throughput vs dataloader workers; the objective's trade-off with the Pareto front, points labelled
+throughput vs dataloader workers; throughput and scaling efficiency against ranks, one line per
+configuration (where the worker count was searched); the objective's trade-off with the Pareto front, points labelled
 by trial number; the best trial's utilisation timeline. A figure whose data was not measured (GPU
 memory on a CPU) is left out and the summary says so, rather than drawing zeros. Every figure is
 readable from 2 trials to hundreds: bars show the best `TOP_N`, labels thin out, heat-map columns
@@ -22,20 +23,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sweeps.outcome import pareto_rows
+from sweeps.outcome import NOT_SPEED, pareto_rows
+from sweeps.quality import throughput, workers
 from sweeps.report import (
     SweepOutcome,
     TrialRow,
     answer,
     best_fragment,
     degraded,
+    knob_split,
     next_steps,
     pareto_records,
     same_in_every_trial,
     table_rows,
 )
 from sweeps.tracking import UI_PORT, run_url
-from trainables.contract import DATA_WAIT_PCT, GPU_MEM_PEAK_GIB, H2D_COPY_PCT
+from trainables.contract import DATA_WAIT_PCT, GPU_MEM_PEAK_GIB, H2D_COPY_PCT, SCALING_EFFICIENCY_PCT
 
 _MEMORY = "memory/max_reserved_gib"
 _LOSS = "loss/val"
@@ -167,6 +170,39 @@ def _breakdown(plt: Any, ranked: list[TrialRow], metric: str) -> tuple[Any, str 
     return fig, None
 
 
+def _scaling(plt: Any, outcome: SweepOutcome, ok: list[TrialRow]) -> Any:
+    """Throughput (left) and scaling efficiency (right) against ranks, one line per configuration (the
+    other knobs that varied); None unless some configuration ran on two worker counts or more."""
+    shown = [k for k in knob_split(outcome)[0] if k not in NOT_SPEED and k != "num_workers"]
+    series: dict[str, list[tuple[int, float, float | None]]] = defaultdict(list)
+    for t in ok:
+        n, tput = workers(t), throughput(t)
+        if n is not None and tput is not None:
+            label = ", ".join(f"{k} {t.params.get(k, t.params.get('workload.' + k.removeprefix('params.')))}"
+                              for k in shown) or "every trial"
+            series[label].append((n, tput[1], _num(t.metrics.get(SCALING_EFFICIENCY_PCT))))
+    series = {k: sorted(v, key=lambda p: (p[0], p[1])) for k, v in list(series.items())[:MAX_LABELS]
+              if len({n for n, _, _ in v}) > 1}
+    if not series:
+        return None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for label, pts in sorted(series.items()):
+        left.plot([p[0] for p in pts], [p[1] for p in pts], "-o", label=label)
+        eff = [(p[0], p[2]) for p in pts if p[2] is not None]
+        right.plot([pts[0][0]] + [e[0] for e in eff], [100.0] + [e[1] for e in eff], "-o", label=label)
+    ranks = sorted({p[0] for pts in series.values() for p in pts})
+    for ax in (left, right):
+        ax.set_xticks(ranks)
+        ax.grid(alpha=0.3)
+    key = next(iter(throughput(t) for t in ok if throughput(t) is not None))[0]  # type: ignore[index]
+    left.set(xlabel="ranks (num_workers)", ylabel=key, title="throughput vs ranks")
+    right.axhline(100.0, color="grey", linestyle=":", linewidth=1)
+    right.set(xlabel="ranks (num_workers)", ylabel="% of linear", ylim=(0, None),
+              title="scaling efficiency vs the fewest ranks")
+    left.legend(fontsize=7)
+    return fig
+
+
 def _tradeoff(plt: Any, outcome: SweepOutcome, ok: list[TrialRow], tput: str) -> tuple[str, Any] | None:
     obj = outcome.spec.objective
     (x, y), modes = (obj.metrics[:2], obj.modes[:2]) if obj.multi else ((tput, _LOSS), ("max", "min"))
@@ -233,6 +269,12 @@ def figures(outcome: SweepOutcome, history: Callable[[str, str], list[tuple[int,
         figs["step_time_breakdown.png"] = bars
     elif why:
         skipped.append(why)
+
+    scaled = _scaling(plt, outcome, ok) if outcome.spec.space.num_workers is not None else None
+    if scaled is not None:
+        figs["scaling_vs_ranks.png"] = scaled
+    elif outcome.spec.space.num_workers is not None:
+        skipped.append("scaling_vs_ranks.png: no configuration finished on two worker counts")
 
     tradeoff = _tradeoff(plt, outcome, ok, tput)
     if tradeoff is not None:

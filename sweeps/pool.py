@@ -12,6 +12,14 @@ The queue decides after each trial whether a group may serve again: every rank m
 trial ended within `_AGREE_S`, and every rank must have finished or failed cleanly (see
 `trainables.pool_worker`). A group that died outright (a rank's process crashed) is reported by
 its supervisor for the trial it was serving.
+
+**Sizes.** A trial runs on its own number of ranks (`TrialConfig.num_workers`, searched as
+`space.num_workers`), and a group serves only trials of its own size: it takes the oldest waiting
+trial of its size. An idle group that finds only trials of other sizes waiting, none of which
+another idle group of that size (or one already being resized to it) will take, ends (`POOL_RESIZE`)
+and its supervisor starts a group of the size the oldest of them needs. So a slot never holds more
+than the largest trial, and the pool stays within what `max_concurrent_trials` trials need; each
+resize costs one group start (grid search walks the worker counts slowest, resizing once per count).
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import ray
 
 from sweeps.spec import SweepSpec
 from trainables.contract import POOL_CLOSED as CLOSED
+from trainables.contract import POOL_RESIZE as RESIZE
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +55,8 @@ class Queue:
         self._done: dict[str, dict[int, tuple[BaseException | None, bool]]] = {}
         self._decided: dict[str, bool] = {}
         self._where: dict[str, dict[int, str]] = {}  # where in the loop each rank's trial ended
+        self._idle: dict[int, int] = {}  # slot -> the size of its group, while it waits in take()
+        self._resizing: dict[int, int] = {}  # slot -> the size its next group is started with
         self._closed = False
 
     # -- the Tune trial's side ---------------------------------------------------------------
@@ -74,16 +85,51 @@ class Queue:
             self._cv.notify_all()
 
     # -- the warm group's side ---------------------------------------------------------------
-    def take(self, slot: int, timeout_s: float) -> Any:
+    def take(self, slot: int, timeout_s: float, size: int = 0) -> Any:
+        """The oldest waiting trial for a group of `size` ranks (0: any trial), CLOSED, RESIZE (this group
+        should end: a group of another size is wanted, `size_for`), or None after `timeout_s`."""
         with self._cv:
-            self._cv.wait_for(lambda: bool(self._pending) or self._closed, timeout_s)
-            if self._closed:
-                return CLOSED
-            if not self._pending:
-                return None
-            item = self._pending.popleft()
-            self._serving[slot] = item[0]
-            return item
+            self._resizing.pop(slot, None)
+            self._idle[slot] = size
+            try:
+                self._cv.wait_for(lambda: self._closed or self._mine(size) is not None
+                                  or self._wanted(slot) is not None, timeout_s)
+                if self._closed:
+                    return CLOSED
+                item = self._mine(size)
+                if item is not None:
+                    self._pending.remove(item)
+                    self._serving[slot] = item[0]
+                    return item
+                wanted = self._wanted(slot)
+                if wanted is None:
+                    return None
+                self._resizing[slot] = wanted
+                self._cv.notify_all()
+                return RESIZE
+            finally:
+                self._idle.pop(slot, None)
+
+    def _mine(self, size: int) -> tuple[str, dict[str, Any], str | None, str] | None:
+        return next((p for p in self._pending if size == 0 or _size(p) in (0, size)), None)
+
+    def _wanted(self, slot: int) -> int | None:
+        """The size the oldest waiting trial needs that no other idle group of that size, nor a group
+        being resized to it, will take; None when there is none (or this slot's group has that size)."""
+        for trial_size in dict.fromkeys(_size(p) for p in self._pending):
+            if trial_size == 0 or trial_size == self._idle.get(slot):
+                continue
+            waiting = sum(_size(p) == trial_size for p in self._pending)
+            coming = sum(s == trial_size for k, s in self._idle.items() if k != slot) \
+                + sum(s == trial_size for s in self._resizing.values())
+            if waiting > coming:
+                return trial_size
+        return None
+
+    def size_for(self, slot: int, size: int) -> int:
+        """How many ranks the slot's next group should have: the size a resize asked for, else `size`."""
+        with self._cv:
+            return self._resizing.get(slot, size)
 
     def post(self, trial_id: str, event: dict[str, Any]) -> bool:
         """Record a report; True when the trial was cancelled (its ranks stop)."""
@@ -148,22 +194,30 @@ class Queue:
         return self._closed
 
 
+def _size(pending: tuple[str, dict[str, Any], str | None, str]) -> int:
+    """The ranks a waiting trial needs (0: any: a config from before sizes were searched)."""
+    return int(pending[1].get("num_workers") or 0)
+
+
 # A threaded actor: trials wait in events(), groups in take() and rank_done(), all at once.
 TrialQueue = ray.remote(num_cpus=0, max_concurrency=1000)(Queue)  # type: ignore[call-overload]
 
 
 @ray.remote(num_cpus=0)
 class GroupSupervisor:
-    """Keeps one warm group running for a slot: a new Train run whenever the last one retired."""
+    """Keeps one warm group running for a slot: a new Train run whenever the last one retired or ended
+    to be resized (with the size the queue asks for)."""
 
     def run(self, queue: Any, slot: int, spec: SweepSpec, storage_path: str, name: str,
             workdir: str | None = None) -> int:
         from sweeps.trial import make_group_trainer
 
-        groups = 0
+        groups, size = 0, spec.first_workers()
         while not ray.get(queue.is_closed.remote()):
             groups += 1
-            trainer = make_group_trainer(spec, queue, slot, f"{name}-slot{slot}-group{groups}", storage_path, workdir)
+            size = int(ray.get(queue.size_for.remote(slot, size)))  # a group that ended to resize named it
+            trainer = make_group_trainer(spec, queue, slot, f"{name}-slot{slot}-group{groups}", storage_path, workdir,
+                                         size)
             try:
                 trainer.fit()
             except Exception as exc:  # noqa: BLE001 - the served trial fails with it; a fresh group follows

@@ -1,10 +1,11 @@
 """The memory frontier, probed before the search: the largest batch size that fits, for every
 combination of the settings that decide memory.
 
-Those settings are `search.oom_key`'s: precision, compile and the trainable's own params in the
-space. The probe measures each combination the space can produce (every choice of a categorical
-or fixed one; the first value of a range, which has too many), every other searched knob at its
-first value. grad_accum_steps is not among them: a micro-batch's activations take the same memory
+Those settings are `search.oom_key`'s: precision, compile, the trainable's own params in the
+space and the number of ranks. The probe measures each combination the space can produce (every
+choice of a categorical or fixed one; the first value of a range, which has too many; every worker
+count, each on a warm group of that size: per-rank memory changes little with the ranks, but that
+is measured, not assumed), every other searched knob at its first value. grad_accum_steps is not among them: a micro-batch's activations take the same memory
 whether its gradients accumulate or not (the gradients are held either way), so a bound holds for
 every grad_accum_steps. Nor are the loader knobs (host memory), lr, clipping (a probe always clips).
 
@@ -86,7 +87,9 @@ def memory_settings(spec: SweepSpec) -> list[dict[str, Any]]:
     knobs: dict[str, Param] = {"precision": space.precision, "compile": space.compile}
     knobs |= {PARAMS_PREFIX + name: p for name, p in space.params.items()}
     values = [list(p.choices) if isinstance(p, CategoricalParam) else [_first(p)] for p in knobs.values()]
-    return [dict(zip(knobs, combo, strict=True)) for combo in itertools.product(*values)]
+    # the worker count slowest: the warm groups are resized once per count
+    return [{"num_workers": n, **dict(zip(knobs, combo, strict=True))}
+            for n in spec.worker_counts() for combo in itertools.product(*values)]
 
 
 def _frontier(queue: Any, spec: SweepSpec, knobs: dict[str, Any], candidates: list[int]) -> tuple[int, int, list[str], str]:
@@ -109,7 +112,8 @@ def _frontier(queue: Any, spec: SweepSpec, knobs: dict[str, Any], candidates: li
 def _names(setting: dict[str, Any], searched: set[str]) -> tuple[str, str]:
     """How a probe line and its parent-run tag name one combination: `bf16-mixed, compile, params.hidden=512`
     and `bf16-mixed.compile.params.hidden.512`; uncompiled ones keep the precision's name alone."""
-    parts = [str(setting["precision"])] + (["compile"] if setting["compile"] else [])
+    parts = [str(setting["precision"])] + (["compile"] if setting["compile"] else []) \
+        + ([f"{setting['num_workers']}-workers"] if "num_workers" in searched else [])
     own = [(k, str(v)) for k, v in setting.items() if k.startswith(PARAMS_PREFIX) and k in searched]
     line = ", ".join(parts + [f"{k}={v}" for k, v in own])
     tag = ".".join(parts + [f"{k}.{v}" for k, v in own])
@@ -122,11 +126,11 @@ def probe_frontier(spec: SweepSpec, queue: Any, token: str, echo: Callable[[str]
     space = spec.space
     searched = space.searched()
     others = {k: _first(p) for k, p in searched.items()
-              if k not in ("batch_size", "precision", "compile") and not k.startswith(PARAMS_PREFIX)}
+              if k not in ("batch_size", "precision", "compile", "num_workers") and not k.startswith(PARAMS_PREFIX)}
     candidates = batch_candidates(space.batch_size)
     tags: dict[str, str] = {}
     for setting in memory_settings(spec):
-        knobs = {**space.fixed(), **others, **setting}
+        knobs = {**spec.fixed_knobs(), **others, **setting}
         lo, hi, tried, note = _frontier(queue, spec, knobs, candidates)
         failed = candidates[hi] if hi < len(candidates) else None
         record_probe(token, knobs, failed, measured=not note)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import sys
 import time
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Any, TextIO
 
 from sweeps.outcome import MEASURED, NOT_FAILED, UNFINISHED, TrialRow
 from sweeps.spec import SweepSpec
@@ -54,7 +55,58 @@ class ProgressLine(str):
         return line
 
 
-def sweep_status(spec: SweepSpec, rows: list[TrialRow], elapsed: float) -> Status:
+def planned_cost(spec: SweepSpec) -> str:
+    """What the sweep will cost, said before it starts: trials x the time-boxed trial, by concurrency."""
+    b, n, at_once = spec.budget, spec.budget.num_trials, spec.budget.max_concurrent_trials
+    window, warmup = _boxes(spec)
+    rounds = math.ceil(n / at_once)
+    if not window:
+        return (f"planned: {n} trial(s), {at_once} at a time; their length is not time-boxed (it follows "
+                f"{'the data budget' if b.num_items else 'the target' if spec.objective.target else 'num_steps'}), "
+                "so the ETA follows the trials as they finish")
+    boxed = window + warmup
+    return (f"planned: {n} trial(s), {at_once} at a time, each time-boxed to <= {warmup:g} s of warm-up + <= "
+            f"{window:g} s measured (budget.max_warmup_s / max_window_s): {rounds} x {boxed:g} s = "
+            f"{rounds * boxed:.0f} s of training, plus each trial's start-up and validation (measured by the first "
+            "trial: the ETA uses what each finished trial cost)")
+
+
+def _boxes(spec: SweepSpec) -> tuple[float, float]:
+    """The sweep's (max_window_s, max_warmup_s); (0, 0) where the trials' length is not time-boxed."""
+    if spec.objective.target is not None or spec.search.early_stopping is not None:
+        return 0.0, 0.0  # the target, or ASHA, sets each trial's length
+    return spec.budget.time_box(spec.scaling.use_gpu, constrained=not spec.objective.speed_only)
+
+
+def expected_cost(spec: SweepSpec, cost: float, metrics: dict[str, Any]) -> float:
+    """What a trial not yet run will cost, going by one that ended (`cost`: its wall time, start to end):
+    in a time-boxed sweep its warm-up and window are what the boxes allow (a first trial with a fast
+    configuration ends its warm-up by the step count, a slow one runs to the box), the rest (start-up,
+    building, validation) as that trial measured it; otherwise what that trial cost."""
+    window, warmup = _boxes(spec)
+    measured = metrics.get(WARMUP_S), metrics.get(WINDOW_S)
+    if not window or not all(isinstance(v, (int, float)) for v in measured):
+        return cost
+    return max(0.0, cost - float(measured[0]) - float(measured[1])) + warmup + window  # type: ignore[arg-type]
+
+
+def remaining_s(spec: SweepSpec, expected: list[float], running_for: list[float]) -> float:
+    """Seconds the sweep still needs: each trial not yet started costs the mean of `expected` (one figure
+    per ended trial, `expected_cost`), each running one what is left of that, `max_concurrent_trials` at a
+    time. nan before any trial ended."""
+    if not expected:
+        return math.nan
+    per = statistics.fmean(expected)
+    waiting = spec.budget.num_trials - len(expected) - len(running_for)
+    running = sum(max(0.0, per - t) for t in running_for)
+    return (max(0, waiting) * per + running) / spec.budget.max_concurrent_trials
+
+
+def sweep_status(spec: SweepSpec, rows: list[TrialRow], elapsed: float, costs: list[float] | None = None,
+                 running_for: list[float] | None = None) -> Status:
+    """`costs`: what each trial not yet run is expected to cost, one figure per ended trial
+    (`expected_cost`); `running_for`: how long each running trial has run.
+    Without them (a resumed sweep's earlier trials), the mean time per ended trial stands in."""
     done = [r for r in rows if r.status not in UNFINISHED]
     failed = [r for r in done if r.status not in NOT_FAILED]
     metric, mode = spec.objective.primary, spec.objective.primary_mode
@@ -64,13 +116,17 @@ def sweep_status(spec: SweepSpec, rows: list[TrialRow], elapsed: float) -> Statu
     if ranked:
         b = (max if mode == "max" else min)(ranked, key=lambda r: r.metrics[metric])
         best = f"{metric}={b.metrics[metric]:.4g} (trial {b.number})"
-    eta = elapsed / len(done) * (total - len(done)) if done else math.nan
+    if costs:
+        eta = remaining_s(spec, costs, running_for or [])
+    else:
+        eta = elapsed / len(done) * (total - len(done)) if done else math.nan
     return Status(len(done), total, len(rows) - len(done), len(failed), best, elapsed, eta, time.monotonic())
 
 
-def progress_line(spec: SweepSpec, row: TrialRow, rows: list[TrialRow], elapsed: float) -> ProgressLine:
+def progress_line(spec: SweepSpec, row: TrialRow, rows: list[TrialRow], elapsed: float,
+                  costs: list[float] | None = None, running_for: list[float] | None = None) -> ProgressLine:
     """One line per trial event: what it gave, how the sweep stands, best so far, ETA."""
-    status = sweep_status(spec, rows, elapsed)
+    status = sweep_status(spec, rows, elapsed, costs, running_for)
     metric = spec.objective.primary
     if row.status in MEASURED:
         key = cv_metric(metric)

@@ -1,6 +1,7 @@
-"""Quality across trials, once they have ended: the convergence guardrail and predicted time to target.
+"""Figures across trials, once they have ended: the convergence guardrail, predicted time to target
+and scaling efficiency.
 
-Both need several trials, so the sweep computes them at its end (and `sweeps report` reads them back
+All need several trials, so the sweep computes them at its end (and `sweeps report` reads them back
 from MLflow). No Ray, no torch.
 
 **Guardrail.** With an equal-data budget (`budget.num_samples`/`num_tokens`) and no target, every
@@ -21,6 +22,16 @@ Assumptions: S_min does not depend on precision or loader settings (same model a
 noise scale measured late in a trial holds for the whole run (it grows as the loss falls, so early
 steps are predicted too expensive); the learning rate is tuned for each batch (lr_scaling); warm-up
 costs (compilation, loader start) are not modelled.
+
+**Scaling efficiency.** For a measured trial on N ranks and a measured *twin* on fewer ranks M (equal
+in every other param that changes a step's speed, `sweeps.outcome.twins`: the same per-rank batch,
+so the global batch grows with the ranks), `perf/scaling_efficiency_pct` = throughput(N) /
+(throughput(M) x N / M) x 100, the global throughput summed over ranks. The twin with the fewest
+ranks is the reference (the smallest count measured), so every count of one configuration is
+compared with the same one; a trial without such a twin has no efficiency (absent, never 100).
+100% is linear scaling; what is lost is usually the gradient all-reduce that backward did not hide
+(`time/allreduce_wait_pct`), a slower rank, or shared cores (two ranks on a 2-core machine share
+the loader's and the system's time).
 """
 
 from __future__ import annotations
@@ -29,7 +40,7 @@ import math
 import statistics
 from typing import Any
 
-from sweeps.outcome import SweepOutcome, TrialRow
+from sweeps.outcome import MEASURED, SweepOutcome, TrialRow, number, twins
 from trainables.contract import (
     EVAL_TOTAL_S,
     EVALS,
@@ -38,11 +49,14 @@ from trainables.contract import (
     PREDICT_ERROR_PCT,
     PREDICT_TIME_TO_TARGET_S,
     QUALITY_GAP_PCT,
+    SCALING_EFFICIENCY_PCT,
     STEP_TIME_MS,
     STEPS,
     STEPS_TO_TARGET,
+    THROUGHPUT_UNITS,
     TIME_TO_TARGET_S,
     seen_key,
+    throughput_key,
 )
 
 REFERENCE_PRECISIONS = ("32", "tf32")
@@ -171,15 +185,60 @@ def spearman(xs: list[float], ys: list[float]) -> float | None:
     return sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True)) / (sx * sy)
 
 
+def workers(row: TrialRow) -> int | None:
+    """The ranks a trial ran on, as it logged them."""
+    n = number(row.params.get("num_workers"))
+    return int(n) if n is not None and n >= 1 else None
+
+
+def throughput(row: TrialRow) -> tuple[str, float] | None:
+    """(key, value) of the trial's global throughput, in the unit it counts; None if it has none."""
+    for key in (throughput_key(u) for u in THROUGHPUT_UNITS):
+        v = _num(row.metrics.get(key))
+        if v is not None and v > 0:
+            return key, v
+    return None
+
+
+def scaling_twin(row: TrialRow, rows: list[TrialRow]) -> TrialRow | None:
+    """The measured twin with the fewest ranks below `row`'s (the lowest trial number on ties); None when
+    `row` was not measured or none ran fewer ranks."""
+    n, mine = workers(row), throughput(row)
+    if row.status not in MEASURED or n is None or mine is None:
+        return None
+    found = [e for e in rows if e is not row and e.status in MEASURED and (m := workers(e)) is not None and m < n
+             and (theirs := throughput(e)) is not None and theirs[0] == mine[0] and twins(row, e, "num_workers")]
+    return min(found, key=lambda e: (workers(e), e.number), default=None)
+
+
+def efficiency(row: TrialRow, twin: TrialRow) -> float:
+    """throughput(N) / (throughput(M) x N / M) x 100 (module doc); both trials have a throughput."""
+    (_, mine), (_, theirs) = throughput(row), throughput(twin)  # type: ignore[misc]
+    n, m = workers(row), workers(twin)
+    return 100.0 * mine / (theirs * n / m)  # type: ignore[operator]
+
+
+def scaling(outcome: SweepOutcome) -> int:
+    """Add perf/scaling_efficiency_pct to every trial that has a twin on fewer ranks; returns how many."""
+    done = 0
+    for t in outcome.trials:
+        twin = scaling_twin(t, outcome.trials)
+        if twin is not None:
+            t.metrics[SCALING_EFFICIENCY_PCT] = efficiency(t, twin)
+            done += 1
+    return done
+
+
 def annotate(outcome: SweepOutcome) -> tuple[str, dict[str, tuple[dict[str, float], dict[str, str]]]]:
-    """Run the guardrail and the prediction on a finished sweep's rows (in place). Returns the
-    guardrail's note and, per MLflow run id, the metrics and tags to log on that child run."""
+    """Run the guardrail, the prediction and the scaling efficiency on a finished sweep's rows (in place).
+    Returns the guardrail's note and, per MLflow run id, the metrics and tags to log on that child run."""
     note = guardrail(outcome)
     predict(outcome)
+    scaling(outcome)
     updates: dict[str, tuple[dict[str, float], dict[str, str]]] = {}
     for t in outcome.trials:
-        metrics = {k: float(t.metrics[k]) for k in (QUALITY_GAP_PCT, PREDICT_TIME_TO_TARGET_S, PREDICT_ERROR_PCT)
-                   if k in t.metrics}
+        metrics = {k: float(t.metrics[k]) for k in (QUALITY_GAP_PCT, PREDICT_TIME_TO_TARGET_S, PREDICT_ERROR_PCT,
+                                                    SCALING_EFFICIENCY_PCT) if k in t.metrics}
         tags = {DEGRADED_TAG: t.degraded[:5000]} if t.degraded else {}
         if t.run_id and (metrics or tags):
             updates[t.run_id] = (metrics, tags)

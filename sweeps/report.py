@@ -22,13 +22,15 @@ from typing import Any
 import yaml
 
 from sweeps.outcome import MEASURED, SweepOutcome, TrialRow
-from sweeps.quality import DEGRADED_TAG
+from sweeps.quality import DEGRADED_TAG, efficiency, scaling_twin, workers
 from sweeps.spec import KNOBS, PARAMS_PREFIX, CategoricalParam, FixedParam, IntParam, Param, Scalar
 from sweeps.verdict import noise_tie, revise_verdicts
 from trainables.contract import (
+    ALLREDUCE_WAIT_PCT,
     DATA_WAIT_PCT,
     LOSS_VAL,
     METRIC_KEY,
+    SCALING_EFFICIENCY_PCT,
     STEP_TIME_MS,
     THROUGHPUT_UNITS,
     throughput_cv_key,
@@ -42,7 +44,7 @@ def _fmt(v: Any) -> str:
 
 
 # Quality figures another part of the loop reports; shown where a trial has them.
-QUALITY_METRICS = ("perf/sol_pct", "stats/grad_noise_scale", "time/to_target_s", "predict/time_to_target_s",
+QUALITY_METRICS = (SCALING_EFFICIENCY_PCT, ALLREDUCE_WAIT_PCT, "perf/sol_pct", "stats/grad_noise_scale", "time/to_target_s", "predict/time_to_target_s",
                    "predict/error_pct", "quality/gap_pct")
 QUALITY_PARAMS = ("lr_effective",)
 NOISE_METRICS = tuple(throughput_cv_key(u) for u in THROUGHPUT_UNITS)  # next to the objective, where a trial has it
@@ -78,6 +80,8 @@ def knob_split(outcome: SweepOutcome) -> tuple[list[str], dict[str, Any]]:
     keys = space_keys(outcome)
     trials = outcome.trials
     keys += [p for p in QUALITY_PARAMS if any(p in t.params and t.params[p] != t.params.get("lr") for t in trials)]
+    if outcome.spec.space.num_workers is not None:  # ranks searched: the global batch they make with the batch size
+        keys.append("global_batch_size")
     varied: list[str] = []
     same: dict[str, Any] = {}
     for key in keys:
@@ -175,7 +179,9 @@ def best_fragment(outcome: SweepOutcome) -> str:
     best = outcome.best
     if best is None:
         return "no trial finished; nothing to recommend"
-    space: dict[str, Any] = {k: _knob_value(k, best.params[k]) for k in KNOBS if k in best.params}
+    # the worker count where the space held it (else it is scaling.num_workers, which the fragment leaves alone)
+    space: dict[str, Any] = {k: _knob_value(k, best.params[k]) for k in KNOBS if k in best.params
+                             and (k != "num_workers" or outcome.spec.space.num_workers is not None)}
     own = {name: _param_value(p, best.params[f"workload.{name}"]) for name, p in outcome.spec.space.params.items()
            if f"workload.{name}" in best.params}  # trial_params logs space.params as workload.<name>
     if own:
@@ -371,6 +377,9 @@ def answer(outcome: SweepOutcome) -> str:
             f"**{x:.2f}×** {what} (trial {t.number}, {_fmt(t.metrics[key])})" for what, t, x in ups)
         text += f" in {key}" if key != metric else ""
     text += f". {done}"
+    ranks = ranks_sentence(outcome, best)
+    if ranks:
+        text += f"; {ranks}"
     if spec.objective.multi:
         text += f"; the Pareto front has {len(outcome.pareto())} trial(s) (`report/pareto.csv`)"
     text += "."
@@ -386,6 +395,22 @@ def answer(outcome: SweepOutcome) -> str:
     if outcome.interrupted:
         text += f" Not finished: {outcome.interrupted}."
     return text + " The full report: the `report/summary.html` artifact."
+
+
+def ranks_sentence(outcome: SweepOutcome, t: TrialRow) -> str:
+    """How many ranks the trial runs on and how well they scale, where the sweep searched the worker count:
+    its efficiency against its twin on the fewest ranks measured, else that it is the fewest measured."""
+    n = workers(t)
+    if outcome.spec.space.num_workers is None or n is None:
+        return ""
+    twin = scaling_twin(t, outcome.trials)
+    if twin is not None:
+        return (f"it runs on **{n} ranks** at {efficiency(t, twin):.0f}% scaling efficiency against "
+                f"{workers(twin)} (trial {twin.number})")
+    fewest = min((m for r in outcome.trials if r.status in MEASURED and (m := workers(r)) is not None), default=n)
+    rank_s = f"{n} rank{'s' if n != 1 else ''}"
+    return (f"it runs on **{rank_s}**, the fewest measured" if n <= fewest else
+            f"it runs on **{rank_s}**; no twin on fewer ranks was measured, so its scaling efficiency is not known")
 
 
 def sweep_note(outcome: SweepOutcome) -> str:

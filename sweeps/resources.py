@@ -32,24 +32,36 @@ def concurrency_note(spec: SweepSpec, resources: dict[str, float]) -> str:
 
 
 def refuse_if_never_fits(spec: SweepSpec, resources: dict[str, float]) -> None:
-    """On a fixed cluster (a local one), a trial that needs more than there is would wait forever."""
+    """On a fixed cluster (a local one), a trial that needs more than there is would wait forever: the
+    largest the space allows (its most ranks and loader workers) must fit."""
     sc, need, loaders = spec.scaling, spec.per_trial(), spec.max_loader_workers()
+    workers = max(spec.worker_counts())
     problems = []
     have_cpu, have_gpu = resources.get("CPU", 0), resources.get("GPU", 0)
+    searched = spec.space.num_workers is not None
+    # what to lower: the searched worker count names its own fix (the largest count that fits)
+    fits = [n for n in spec.worker_counts() if sc.per_trial(loaders, n)["CPU"] <= have_cpu
+            and sc.per_trial(loaders, n)["GPU"] <= have_gpu]
+    fewer = (f"drop {workers} from space.num_workers (" + (f"at most {fits[-1]} fit" if fits else "no count fits")
+             + ")") if searched else "lower them"
     if need["CPU"] > have_cpu and not (loaders and sc.cpus_per_loader_worker):
-        problems.append(SpecProblem("scaling", f"a trial needs num_workers x cpus_per_worker = {sc.num_workers} x "
-                                    f"{sc.cpus_per_worker} CPUs but this cluster has {have_cpu:g}; lower them or "
+        problems.append(SpecProblem("space.num_workers" if searched else "scaling",
+                                    f"{'the largest' if searched else 'a'} trial needs num_workers x cpus_per_worker = {workers} x "
+                                    f"{sc.cpus_per_worker} CPUs but this cluster has {have_cpu:g}; {fewer} or "
                                     "run on a bigger cluster (ray job submit)"))
     elif need["CPU"] > have_cpu:
         problems.append(SpecProblem("scaling", f"the largest trial needs num_workers x (cpus_per_worker + "
-                                    f"num_dataloader_workers x cpus_per_loader_worker) = {sc.num_workers} x "
+                                    f"num_dataloader_workers x cpus_per_loader_worker) = {workers} x "
                                     f"({sc.cpus_per_worker} + {loaders} x {sc.cpus_per_loader_worker:g}) = "
                                     f"{need['CPU']:g} CPUs but this cluster has {have_cpu:g}; search fewer loader "
-                                    "workers, or on a small machine declare a smaller share "
+                                    + ("workers or ranks" if searched else "workers")
+                                    + ", or on a small machine declare a smaller share "
                                     "(scaling.cpus_per_loader_worker: 0.5, or 0 to let loaders share their rank's cores)"))
     if need["GPU"] > have_gpu:
-        problems.append(SpecProblem("scaling", f"a trial needs {need['GPU']:g} GPUs but this "
-                                    f"cluster has {have_gpu:g}; set use_gpu: false or run where GPUs are"))
+        problems.append(SpecProblem("space.num_workers" if searched else "scaling",
+                                    f"{'the largest' if searched else 'a'} trial needs {need['GPU']:g} GPUs but this "
+                                    f"cluster has {have_gpu:g} (one per rank); "
+                                    + (f"{fewer}, " if searched else "") + "set use_gpu: false or run where GPUs are"))
     if problems:
         raise SpecError(f"sweep {spec.name}", problems)
 

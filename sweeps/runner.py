@@ -18,7 +18,7 @@ from sweeps.breaker import BreakerStopper
 from sweeps.callback import _LIVE, SweepCallback
 from sweeps.outcome import UNFINISHED, SweepOutcome
 from sweeps.pool import WarmPool
-from sweeps.progress import TERMINAL, overhead_line
+from sweeps.progress import TERMINAL, overhead_line, planned_cost
 from sweeps.quality import annotate, log_updates
 from sweeps.report import rows_from_runs, sweep_note
 from sweeps.resources import DRIVER_RESOURCES, concurrency_note, local_runtime_env, refuse_if_never_fits
@@ -103,6 +103,7 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
         )
         SweepState(spec_text, token, parent, uri).write(exp_dir)
         echo(concurrency_note(spec, ray.cluster_resources()))
+        echo(planned_cost(spec))
         echo(f"sweep {spec.name}: {spec.budget.num_trials} trials, objective {spec.objective.describe()}; "
              f"MLflow parent run {parent} at {uri}")
         callback = SweepCallback(spec, tracker, echo, token)

@@ -62,17 +62,21 @@ def release(token: str) -> None:
 
 
 def oom_key(knobs: dict[str, Any]) -> tuple[Any, ...]:
-    """What, besides the batch size, decides whether a trial fits in memory: precision, compile and
-    the trainable's own params in the space (a wider model runs out of memory at a smaller batch).
-    Not grad_accum_steps: a micro-batch's activations are the same whether gradients accumulate."""
+    """What, besides the batch size, decides whether a trial fits in memory: precision, compile,
+    the trainable's own params in the space (a wider model runs out of memory at a smaller batch)
+    and the number of ranks (per-rank memory changes little with it, but DDP's buckets and the
+    collectives' buffers do: not assumed). Not grad_accum_steps: a micro-batch's activations are the
+    same whether gradients accumulate."""
     own = tuple(sorted((k, str(v)) for k, v in knobs.items() if k.startswith(PARAMS_PREFIX)))
-    return str(knobs["precision"]), bool(knobs["compile"]), own
+    workers = knobs.get("num_workers")
+    return str(knobs["precision"]), bool(knobs["compile"]), own, int(workers) if workers is not None else None
 
 
 def oom_label(knobs: dict[str, Any]) -> str:
     """The memory settings of `knobs` (its `oom_key`) as a message names them."""
-    precision, compiled, own = oom_key(knobs)
-    return ", ".join([f"precision={precision}", f"compile={compiled}", *(f"{k}={v}" for k, v in own)])
+    precision, compiled, own, workers = oom_key(knobs)
+    return ", ".join([f"precision={precision}", f"compile={compiled}", *(f"{k}={v}" for k, v in own),
+                      *([f"num_workers={workers}"] if workers is not None else [])])
 
 
 def record_oom(token: str, knobs: dict[str, Any]) -> None:
@@ -260,7 +264,7 @@ def make_searcher(spec: SweepSpec, token: str) -> SweepSearch | None:
         mode=list(obj.modes) if obj.multi else obj.primary_mode,
         sampler=sampler,  # seeded
         token=token,
-        fixed=spec.space.fixed(),
+        fixed=spec.fixed_knobs(),
         # a target is a constraint too: a trial that misses it is infeasible, by how far it stayed
         constraints=[*obj.constraints, *([obj.target] if obj.target is not None else [])],
         grid=spec.space.grid_points() if spec.search.algorithm == "grid" else None,
@@ -304,4 +308,4 @@ def knobs_of(spec: SweepSpec, row: Any) -> dict[str, Any]:
     """A trial's knobs as the searcher names them: its logged params carry the trainable's own as
     `workload.<name>`; the space names them `params.<name>`."""
     own = {f"{PARAMS_PREFIX}{n}": row.params[f"workload.{n}"] for n in spec.space.params if f"workload.{n}" in row.params}
-    return {**spec.space.fixed(), **row.params, **own}
+    return {**spec.fixed_knobs(), **row.params, **own}

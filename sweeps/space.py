@@ -34,10 +34,10 @@ def optuna_space(spec: SweepSpec) -> dict[str, od.BaseDistribution]:
 
 def resolve_trial(spec: SweepSpec, sampled: dict[str, Any], metrics_path: str | None = None) -> TrialConfig:
     """The complete configuration one trial runs with."""
-    knobs = {k: v[0] for k, v in KNOBS.items()} | spec.space.fixed() | sampled
+    knobs = {k: v[0] for k, v in KNOBS.items()} | spec.fixed_knobs() | sampled
     own = {k[len(PARAMS_PREFIX):]: v for k, v in knobs.items() if k.startswith(PARAMS_PREFIX)}
-    batch, accum = int(knobs["batch_size"]), int(knobs["grad_accum_steps"])
-    global_batch = batch * accum * spec.scaling.num_workers
+    batch, accum, workers = int(knobs["batch_size"]), int(knobs["grad_accum_steps"]), int(knobs["num_workers"])
+    global_batch = batch * accum * workers
     lr = float(knobs["lr"]) * (spec.lr_scaling.factor(global_batch) if spec.lr_scaling is not None else 1.0)
     b, target, es = spec.budget, spec.objective.target, spec.search.early_stopping
     if b.num_steps is not None:
@@ -46,7 +46,7 @@ def resolve_trial(spec: SweepSpec, sampled: dict[str, Any], metrics_path: str | 
         num_steps = max(1, math.ceil(b.num_items / global_batch) - b.num_warmup_steps) if b.num_samples else 1
     steps_fixed = es is not None and es.grace_steps is not None  # ASHA on steps: it ends trials at num_steps
     window_box, warmup_box = (0.0, 0.0) if target is not None else b.time_box(
-        spec.scaling.use_gpu, steps_fixed, constrained=bool(spec.objective.constraints))
+        spec.scaling.use_gpu, steps_fixed, constrained=not spec.objective.speed_only)
     return TrialConfig(
         workload=spec.trainable.name,
         workload_params={**spec.trainable.params, **own},
@@ -86,18 +86,18 @@ def resolve_trial(spec: SweepSpec, sampled: dict[str, Any], metrics_path: str | 
         seed=spec.seed,
         data_dir=spec.data_dir,
         metrics_path=metrics_path,
+        num_workers=workers,
     )
 
 
 def trial_params(spec: SweepSpec, cfg: TrialConfig) -> dict[str, Any]:
     """Flat, UI-friendly params for a trial's MLflow run (compare view, parallel coordinates)."""
+    global_batch = cfg.batch_size * cfg.grad_accum_steps * cfg.num_workers
     params: dict[str, Any] = {
         "batch_size": cfg.batch_size,
-        # samples per optimizer step: per-worker batch x accumulation x workers
-        "global_batch_size": cfg.batch_size * cfg.grad_accum_steps * spec.scaling.num_workers,
+        "global_batch_size": global_batch,  # samples per optimizer step: per-worker batch x accumulation x workers
         "precision": cfg.precision,
-        "lr": cfg.lr if spec.lr_scaling is None else cfg.lr / spec.lr_scaling.factor(
-            cfg.batch_size * cfg.grad_accum_steps * spec.scaling.num_workers),  # the searched rate
+        "lr": cfg.lr if spec.lr_scaling is None else cfg.lr / spec.lr_scaling.factor(global_batch),  # the searched rate
         "lr_effective": cfg.lr,  # what the optimizer ran with (lr_scaling applied)
         "num_dataloader_workers": cfg.num_dataloader_workers,
         "pin_memory": cfg.pin_memory,
@@ -109,10 +109,10 @@ def trial_params(spec: SweepSpec, cfg: TrialConfig) -> dict[str, Any]:
         "lr_warmup_steps": cfg.lr_warmup_steps,
         "lr_schedule": cfg.lr_schedule,
         "tf32_under_autocast": cfg.tf32_under_autocast,
-        "num_workers": spec.scaling.num_workers,
+        "num_workers": cfg.num_workers,
         "cpus_per_worker": spec.scaling.cpus_per_worker,
         "cpus_per_loader_worker": spec.scaling.cpus_per_loader_worker,
-        "cpus_reserved": spec.scaling.per_trial(cfg.num_dataloader_workers)["CPU"],  # the whole trial's
+        "cpus_reserved": spec.scaling.per_trial(cfg.num_dataloader_workers, cfg.num_workers)["CPU"],  # the whole trial's
         "gpus_per_worker": spec.scaling.gpus_per_worker,
         "use_gpu": cfg.use_gpu,
         "workload": cfg.workload,

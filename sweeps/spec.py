@@ -119,6 +119,8 @@ def _wrap_fixed(value: Any) -> Any:
 
 # Loop knobs a sweep may search: default, the type of a value, the rule it must meet.
 KNOBS: dict[str, tuple[Scalar, type, str]] = {
+    # ranks per trial (one GPU each with use_gpu); not in the space: scaling.num_workers
+    "num_workers": (2, int, "an integer >= 1 (ranks per trial, one GPU each with use_gpu)"),
     "batch_size": (32, int, "an integer >= 1 (per worker)"),
     "precision": ("32", str, f"one of {list(PRECISIONS)}"),
     "lr": (1e-3, float, "a number > 0"),
@@ -167,6 +169,7 @@ class SpaceSpec(BaseModel):
     """The loop's knobs and the trainable's own params (`params.<name>`), each fixed or searched."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    num_workers: Param | None = None  # None: scaling.num_workers
     batch_size: Param = FixedParam(type="fixed", value=32)
     precision: Param = FixedParam(type="fixed", value="32")
     lr: Param = FixedParam(type="fixed", value=1e-3)
@@ -249,10 +252,11 @@ class SpaceSpec(BaseModel):
 
     def grid_points(self) -> list[dict[str, Scalar]]:
         """Every combination once; batch size varies fastest (ascending), so an out-of-memory
-        batch is met before the larger ones it rules out (the classic precision x batch table)."""
+        batch is met before the larger ones it rules out (the classic precision x batch table);
+        the worker count slowest, so a warm group serves all trials of its size before it is resized."""
         values = self.grid_values()
         rank = {k: i for i, k in enumerate(self._all())}
-        order = sorted(values, key=lambda k: (k == "batch_size", rank[k]))
+        order = sorted(values, key=lambda k: (k != "num_workers", k == "batch_size", rank[k]))
         return [dict(zip(order, combo, strict=True)) for combo in itertools.product(*(values[k] for k in order))]
 
 
@@ -412,6 +416,13 @@ class ObjectiveSpec(BaseModel):
         return self.modes[0]
 
     @property
+    def speed_only(self) -> bool:
+        """Every objective metric measures speed (throughput, step time, energy per item) and nothing
+        constrains quality: what a time box may shorten without changing what is compared."""
+        return not self.constraints and all(m.startswith(("throughput/", "time/step_ms", "energy/"))
+                                            for m in self.metrics)
+
+    @property
     def multi(self) -> bool:
         return len(self.metrics) > 1
 
@@ -515,6 +526,10 @@ class BudgetSpec(BaseModel):
             raise ValueError(f"{boxed[0]}: {getattr(self, boxed[0]):g} has no effect with {given[0]}: an equal-data "
                              f"budget sets each trial's length (its data, not the clock); remove {boxed[0]}, or use "
                              "num_steps")
+        if self.max_window_s is not None and self.num_warmup_steps < 2:
+            raise ValueError(f"max_window_s: {self.max_window_s:g} plans each window's steps from a timed warm-up "
+                             f"step, and num_warmup_steps: {self.num_warmup_steps} times none; set num_warmup_steps "
+                             ">= 2, or remove max_window_s")
         if self.max_window_s is not None and self.min_window_s and self.max_window_s < self.min_window_s:
             raise ValueError(f"max_window_s: {self.max_window_s:g} is below min_window_s: {self.min_window_s:g}; "
                              "raise max_window_s or lower min_window_s")
@@ -535,12 +550,15 @@ class BudgetSpec(BaseModel):
     def time_box(self, use_gpu: bool, steps_fixed: bool = False, constrained: bool = False) -> tuple[float, float]:
         """(max_window_s, max_warmup_s), 0 where off: as given, else 30/10 s on GPU and 5/3 s on CPU, so with
         a speed objective every trial costs about the same seconds whatever its step time. Off with an
-        equal-data budget and ASHA on steps (they set the length); a quality constraint (`constrained`)
-        leaves them off unless given (its metric wants equal steps). The window never ends below the
-        least window (min_window_s, or 10 s on GPU)."""
+        equal-data budget and ASHA on steps (they set the length); a quality objective or constraint
+        (`constrained`) leaves them off unless given (its metric wants equal steps), and so does a warm-up
+        too short to time a step (the window's steps are planned from it). The window never ends below
+        the least window (min_window_s, or 10 s on GPU)."""
         if self.num_items or steps_fixed:
             return 0.0, 0.0
         window, warmup = GPU_TIME_BOX_S if use_gpu else CPU_TIME_BOX_S
+        if self.num_warmup_steps < 2:
+            window = warmup = 0.0
         window = self.max_window_s if self.max_window_s is not None else (0.0 if constrained else window)
         warmup = self.max_warmup_s if self.max_warmup_s is not None else (0.0 if constrained else warmup)
         least = self.window_s(use_gpu, steps_fixed)
@@ -597,10 +615,11 @@ class ScalingSpec(BaseModel):
         """What one Train worker reserves: its own cores and its loader worker processes' share."""
         return self.cpus_per_worker + loader_workers * self.cpus_per_loader_worker
 
-    def per_trial(self, loader_workers: int = 0) -> dict[str, float]:
-        """What one trial holds at once: all its workers start together."""
-        return {"CPU": self.num_workers * self.cpus_per_rank(loader_workers),
-                "GPU": self.num_workers * self.gpus_per_worker}
+    def per_trial(self, loader_workers: int = 0, num_workers: int | None = None) -> dict[str, float]:
+        """What one trial of `num_workers` ranks (default: this section's) holds at once: all its
+        workers start together."""
+        n = self.num_workers if num_workers is None else num_workers
+        return {"CPU": n * self.cpus_per_rank(loader_workers), "GPU": n * self.gpus_per_worker}
 
     @model_validator(mode="after")
     def _gpus(self) -> ScalingSpec:
@@ -748,9 +767,38 @@ class SweepSpec(BaseModel):
         """The most dataloader workers per rank any trial of the space can start."""
         return int(max(_param_values(self.space.num_dataloader_workers)))
 
+    def worker_counts(self) -> list[int]:
+        """Every number of ranks a trial of the space can run on, ascending (`space.num_workers`,
+        else `scaling.num_workers` alone)."""
+        p = self.space.num_workers
+        if p is None:
+            return [self.scaling.num_workers]
+        if isinstance(p, IntParam):
+            return list(range(p.low, p.high + 1, p.step))
+        return sorted({int(v) for v in _param_values(p)})
+
+    def first_workers(self) -> int:
+        """The ranks a warm group starts with before it has a trial: the first choice (the grid's first), or
+        the low end of a range."""
+        p = self.space.num_workers
+        return self.scaling.num_workers if p is None else int(_param_values(p)[0])
+
+    def fixed_knobs(self) -> dict[str, Scalar]:
+        """The space's fixed knobs, with the worker count where the space does not search it."""
+        return {"num_workers": self.scaling.num_workers} | self.space.fixed() \
+            if self.space.num_workers is None else self.space.fixed()
+
     def per_trial(self) -> dict[str, float]:
-        """What the largest trial the space allows holds at once (loader workers included)."""
-        return self.scaling.per_trial(self.max_loader_workers())
+        """What the largest trial the space allows holds at once (loader workers and ranks included)."""
+        return self.scaling.per_trial(self.max_loader_workers(), max(self.worker_counts()))
+
+    @model_validator(mode="after")
+    def _workers(self) -> SweepSpec:
+        """The worker count in one place: space.num_workers (searched or fixed) or scaling.num_workers."""
+        if self.space.num_workers is not None and "num_workers" in self.scaling.model_fields_set:
+            raise ValueError(f"scaling.num_workers: {self.scaling.num_workers} and space.num_workers are both given; keep "
+                             "one (space.num_workers to search it, e.g. {type: categorical, choices: [1, 2, 4]})")
+        return self
 
     @model_validator(mode="after")
     def _own_params(self) -> SweepSpec:

@@ -27,7 +27,7 @@ HALT_KEY = "sweep_halt"
 _HALT_WAIT_S = 300.0
 
 
-def _torch_trainer(train_fn: Any, config: dict[str, Any], scaling: ScalingSpec, cpus_per_rank: float,
+def _torch_trainer(train_fn: Any, config: dict[str, Any], scaling: ScalingSpec, num_workers: int, cpus_per_rank: float,
                    timeout_s: float, name: str, storage_path: str, callbacks: list[Any]) -> Any:
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -37,7 +37,7 @@ def _torch_trainer(train_fn: Any, config: dict[str, Any], scaling: ScalingSpec, 
         train_loop_config=config,
         torch_config=TorchConfig(backend="nccl" if scaling.use_gpu else "gloo", timeout_s=int(max(timeout_s, 1))),
         scaling_config=ray.train.ScalingConfig(
-            num_workers=scaling.num_workers,
+            num_workers=num_workers,
             use_gpu=scaling.use_gpu,
             # the rank's own cores and its loader workers' share: loader processes run on cores that
             # would otherwise be counted free for another rank or trial (and bias the searched knob)
@@ -61,20 +61,21 @@ def make_trainer(cfg: TrialConfig, scaling: ScalingSpec, name: str, storage_path
     from trainables.pool_worker import WORKDIR, cold_worker
 
     return _torch_trainer(cold_worker, {"trial": cfg.to_dict(), WORKDIR: workdir}, scaling,
-                          scaling.cpus_per_rank(cfg.num_dataloader_workers), cfg.collective_timeout_s, name,
-                          storage_path, callbacks)
+                          cfg.num_workers or scaling.num_workers, scaling.cpus_per_rank(cfg.num_dataloader_workers),
+                          cfg.collective_timeout_s, name, storage_path, callbacks)
 
 
 def make_group_trainer(spec: SweepSpec, queue: Any, slot: int, name: str, storage_path: str,
-                       workdir: str | None = None) -> Any:
-    """A warm group: a `TorchTrainer` whose ranks serve the trials of `queue` until it closes, in
-    `workdir` as `make_trainer`'s. It holds what the largest trial of the space needs (loader workers
-    included) for as long as it lives."""
+                       workdir: str | None = None, num_workers: int | None = None) -> Any:
+    """A warm group of `num_workers` ranks (default: the spec's first count): a `TorchTrainer` whose
+    ranks serve the trials of that size in `queue` until it closes or asks for another size, in
+    `workdir` as `make_trainer`'s. Each rank holds what the largest trial of the space needs (loader
+    workers included) for as long as it lives."""
     from trainables.pool_worker import WORKDIR, pool_worker
 
     return _torch_trainer(pool_worker, {"queue": queue, "slot": slot, "group": name, WORKDIR: workdir}, spec.scaling,
-                          spec.scaling.cpus_per_rank(spec.max_loader_workers()), spec.budget.collective_timeout_s,
-                          name, storage_path, callbacks=[])
+                          num_workers or spec.first_workers(), spec.scaling.cpus_per_rank(spec.max_loader_workers()),
+                          spec.budget.collective_timeout_s, name, storage_path, callbacks=[])
 
 
 class WarmFailure(Exception):

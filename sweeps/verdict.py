@@ -8,6 +8,7 @@ is a `Move`: the knob it changes and which way (↑ a larger value, *on*, or a v
 | verdict | when | moves |
 |---|---|---|
 | input-bound | data wait >= 20% of the measured window (and, on a GPU, utilisation < 80%) | `num_dataloader_workers` ↑, `pin_memory` on (GPU), cheaper decode/augment or decode on the GPU |
+| communication-bound | two ranks or more, and >= 25% of the measured window waiting, after backward, for the gradient all-reduce (`time/allreduce_wait_pct`: what backward did not hide) | `num_workers` ↓, `batch_size` ↑ (per rank: fewer all-reduces per sample), `grad_accum_steps` ↑ |
 | compute-bound (GPU) | SM activity (GPM, Hopper+) >= 80%, or where GPM is missing NVML utilisation >= 90% | `precision` `bf16-mixed`/`tf32` (Tensor Cores), `compile` on |
 | memory headroom | GPU and less than half of the device's memory reserved at peak | `batch_size` ↑ |
 | underutilised (GPU) | below the compute-bound bar and data wait < 20% | `batch_size` ↑, `compile` on (fewer launches) |
@@ -29,8 +30,12 @@ workers can decode), `perf/h2d_bw_pct` (host-to-device copy bandwidth over the m
 
 "GPU busy" is the best signal the GPU gives: GPM SM activity (the share of SMs with work) where it
 exists, else NVML utilisation, which only says that *some* kernel ran in each sample period (a
-single tiny kernel reads as 100%). Communication-bound is not diagnosed yet: collective time is not
-measured separately.
+single tiny kernel reads as 100%). The all-reduce wait is measured by the DDP comm hook
+(`trainables.noise_scale.CommTimer`); a rank waiting there for a slower peer counts too.
+
+**Scaling.** A trial with a twin on fewer ranks (`sweeps.quality.scaling_twin`) says its scaling
+efficiency against it, right after its facts: "scaling efficiency 62% of linear against 1 rank
+(trial 3: 900/s vs 1,120/s at 2 ranks)".
 
 **Across the sweep** (`revise`, once all trials have ended). One trial's figures cannot tell
 whether its move pays off; the sweep may have measured it. A move is dropped when a *twin* of the
@@ -62,8 +67,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from sweeps.outcome import MEASURED, SweepOutcome, TrialRow
+from sweeps.outcome import number as _number
+from sweeps.outcome import same as _same
+from sweeps.outcome import twins as _twins
+from sweeps.quality import efficiency, scaling_twin, throughput, workers
 from sweeps.sol import H2D_BW_PCT, INPUT_SOL_PCT, SOL_PCT, emulated, held_to, of_fp32_pct  # against doctor figures
 from trainables.contract import (
+    ALLREDUCE_WAIT_PCT,
     CPU_LOADERS_PCT,
     CPU_WORKER_PCT,
     DATA_WAIT_PCT,
@@ -87,7 +97,8 @@ NEAR_PEAK_PCT = 60.0  # at or above: a speed-of-light figure leaves little to ga
 SATURATED_PCT = 80.0  # loader workers at or above this share of their decode capacity are the limit
 _NATIVE_CPU_ISA = {"bf16-mixed": ("amx_bf16", "avx512_bf16"), "16-mixed": ("amx_fp16", "avx512_fp16")}
 _PEAK_NAME = {"32": "fp32", "tf32": "tf32", "16-mixed": "fp16", "bf16-mixed": "bf16"}  # whose peak a trial is held to
-UP, ON = "up", "on"  # Move.toward for a larger value and for a switch turned on; else the value itself
+UP, DOWN, ON = "up", "down", "on"  # Move.toward for a larger or smaller value, a switch turned on; else the value itself
+ALLREDUCE_BOUND_PCT = 25.0  # at or above this share of the window waiting for the all-reduce: communication-bound
 
 
 @dataclass(frozen=True)
@@ -111,10 +122,12 @@ class Verdict:
     moves: tuple[Move, ...] = ()
     measured: tuple[str, ...] = ()
     confirmed: tuple[str, ...] = ()  # the moves' claims a faster twin proved, with its figures
+    scaling: str = ""  # the scaling efficiency against the twin on the fewest ranks, once the sweep is read
 
     @property
     def reason(self) -> str:
-        return (self.facts + "".join(f"; {c}" for c in self.confirmed) + _try(self.moves)
+        return (self.facts + "".join(f"; {c}" for c in self.confirmed) + (f"; {self.scaling}" if self.scaling else "")
+                + _try(self.moves)
                 + "".join(f"; {m}" for m in self.measured))
 
     def __str__(self) -> str:
@@ -256,6 +269,19 @@ def _cpu_verdict(metrics: dict[str, Any], params: dict[str, Any], wait: float | 
     return None
 
 
+def _communication_bound(metrics: dict[str, Any], params: dict[str, Any]) -> Verdict | None:
+    """Two ranks or more, waiting a large share of the window for the gradient all-reduce after backward."""
+    wait, ranks = _pct(metrics, ALLREDUCE_WAIT_PCT), _number(params.get("num_workers"))
+    if wait is None or wait < ALLREDUCE_BOUND_PCT or ranks is None or ranks < 2:
+        return None
+    accum = params.get("grad_accum_steps", 1)
+    moves = (Move(f"fewer ranks (num_workers below {ranks:g})", "num_workers", DOWN),
+             _larger_batch(params, " per rank (fewer all-reduces per sample)"),
+             Move(f"grad_accum_steps above {accum} (one all-reduce per that many micro-batches)", "grad_accum_steps", UP))
+    return Verdict("communication-bound", f"at {ranks:g} ranks {wait:.0f}% of the step waiting for the gradient "
+                   "all-reduce that backward did not hide", moves)
+
+
 def verdict(metrics: dict[str, Any], params: dict[str, Any]) -> Verdict:
     """What bounds a finished trial, and what to try that it does not already use."""
     wait = _pct(metrics, DATA_WAIT_PCT)
@@ -266,6 +292,9 @@ def verdict(metrics: dict[str, Any], params: dict[str, Any]) -> Verdict:
     gpu = util is not None or _on(params, "use_gpu")
     if wait is not None and wait >= INPUT_WAIT_PCT and (util is None or util < input_below):
         return _input_bound(metrics, params, wait, said, gpu)
+    comm = _communication_bound(metrics, params)
+    if comm is not None:
+        return comm
     if util is not None:
         return _gpu_verdict(metrics, params, util, said, busy_at, wait)
     cpu = _cpu_verdict(metrics, params, wait)
@@ -277,10 +306,6 @@ def verdict(metrics: dict[str, Any], params: dict[str, Any]) -> Verdict:
     return Verdict("unclear", f"no single bottleneck stands out ({shown or 'no figures'})", (emulation,) if emulation else ())
 
 
-# Not compared between twins: params that do not change a step's speed, and those that follow from a
-# knob compared itself (global batch from batch_size, the CPUs reserved from the loader workers).
-NOT_SPEED = frozenset({"lr", "lr_effective", "lr_warmup_steps", "lr_schedule", "max_grad_norm", "seed",
-                       "global_batch_size", "cpus_reserved"})
 _EVIDENCE = (*MEASURED, "oom")
 _SAYS_WHY = ("input-bound", "compute-bound")  # a twin's verdict that explains why it was slower
 _SPEED_METRICS = ("throughput/", "time/", "perf/", "predict/time")  # objectives a bottleneck explains
@@ -307,34 +332,14 @@ def noise_tie(a: TrialRow, b: TrialRow, metric: str) -> tuple[float, float, floa
     return (gap, cv_a, cv_b) if gap < max(cv_a, cv_b) else None
 
 
-def _number(v: Any) -> float | None:
-    if isinstance(v, bool):
-        return None
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return None
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equal as logged: numbers as numbers (MLflow gives "128" back for 128), the rest as lower-case text."""
-    x, y = _number(a), _number(b)
-    return x == y if x is not None and y is not None else _text(a) == _text(b)
-
-
 def _toward(move: Move, here: Any, there: Any) -> bool:
     """Whether a trial with `there` for the move's knob ran the move from `here`."""
-    if move.toward == UP:
+    if move.toward in (UP, DOWN):
         a, b = _number(here), _number(there)
-        return a is not None and b is not None and b > a
+        return a is not None and b is not None and (b > a if move.toward == UP else b < a)
     if move.toward == ON:
         return _text(there) in ("true", "1") and _text(here) not in ("true", "1")
     return _same(there, move.toward) and not _same(here, move.toward)
-
-
-def _twins(a: TrialRow, b: TrialRow, knob: str) -> bool:
-    keys = (a.params.keys() | b.params.keys()) - NOT_SPEED - {knob}
-    return all(k in a.params and k in b.params and _same(a.params[k], b.params[k]) for k in keys)
 
 
 def _score(t: TrialRow, metric: str, mode: str) -> float | None:
@@ -362,7 +367,8 @@ def _evidence(t: TrialRow, move: Move, rows: list[TrialRow], metric: str, mode: 
         worse.append(e)
 
     def nearest(e: TrialRow) -> tuple[float, bool, float]:
-        step = abs((_number(e.params.get(move.knob)) or 0.0) - (_number(here) or 0.0)) if move.toward == UP else 0.0
+        step = abs((_number(e.params.get(move.knob)) or 0.0) - (_number(here) or 0.0)) \
+            if move.toward in (UP, DOWN) else 0.0
         return step, e.status == "oom" or bool(e.degraded), -(_score(e, metric, mode) or 0.0)
 
     return min(worse, key=nearest, default=None)
@@ -431,8 +437,20 @@ def revise(rows: list[TrialRow], metric: str, mode: str) -> dict[str, Verdict]:
     kept = {tid: dataclasses.replace(v, moves=tuple(m for m in v.moves if m not in {r for r, _ in refuted[tid]}),
                                      confirmed=tuple(c for m in v.moves if m.claim and (c := _confirm(by_id[tid], m, rows))))
             for tid, v in first.items()}
-    return {tid: dataclasses.replace(v, measured=tuple(_cite(by_id[tid], m, e, metric, kept) for m, e in refuted[tid]))
+    return {tid: dataclasses.replace(v, measured=tuple(_cite(by_id[tid], m, e, metric, kept) for m, e in refuted[tid]),
+                                     scaling=scaling_note(by_id[tid], rows))
             for tid, v in kept.items()}
+
+
+def scaling_note(t: TrialRow, rows: list[TrialRow]) -> str:
+    """The trial's scaling efficiency against its twin on the fewest ranks, with both figures; empty without one."""
+    twin = scaling_twin(t, rows)
+    if twin is None:
+        return ""
+    (key, mine), (_, theirs) = throughput(t), throughput(twin)  # type: ignore[misc]
+    n, m = workers(t), workers(twin)
+    return (f"scaling efficiency {efficiency(t, twin):.0f}% of linear against {m} rank{'s' if m != 1 else ''} "
+            f"(trial {twin.number}: {_figure(key, theirs)} vs {_figure(key, mine)} at {n})")
 
 
 def revise_verdicts(outcome: SweepOutcome) -> dict[str, dict[str, str]]:

@@ -150,7 +150,7 @@ def test_every_precision_and_compile_combination_is_probed_and_bounds_only_itsel
     # and the bound is that combination's own: compiled bf16 at hidden=32 still reaches 128
     for c in (False, True):
         for b in BATCHES:
-            knobs = {"precision": "bf16-mixed", "compile": c, "params.hidden": 32, "batch_size": b}
+            knobs = {"precision": "bf16-mixed", "compile": c, "params.hidden": 32, "batch_size": b, "num_workers": 2}
             assert (oom_excluded(token, knobs) is not None) is (b > _memory(knobs)), knobs
 
 
@@ -164,10 +164,10 @@ def test_settings_the_probe_did_not_measure_are_bounded_by_the_smallest_batch_it
     assert {k["params.hidden"] for k in tried} == {32} and len(tags) == 4
     smallest = 64  # fp32 uncompiled at hidden=32 fits 32
     for p, c, h in [("bf16-mixed", True, 100), ("32", False, 33), ("32", True, 32)]:
-        knobs = {"precision": p, "compile": c, "params.hidden": h}
+        knobs = {"precision": p, "compile": c, "params.hidden": h, "num_workers": 2}
         assert oom_excluded(token, {**knobs, "batch_size": smallest}) == smallest, knobs
         assert oom_excluded(token, {**knobs, "batch_size": smallest // 2}) is None, knobs
-    measured = {"precision": "bf16-mixed", "compile": True, "params.hidden": 32, "batch_size": 128}
+    measured = {"precision": "bf16-mixed", "compile": True, "params.hidden": 32, "batch_size": 128, "num_workers": 2}
     assert oom_excluded(token, measured) is None  # a measured combination keeps its own, larger, bound
     search = make_searcher(spec, token)
     assert search is not None

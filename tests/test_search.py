@@ -40,7 +40,7 @@ def _searcher(text: str, token: str) -> SweepSearch:
 
 def test_no_batch_at_or_above_an_oom_bound_is_proposed(token: str) -> None:
     search = _searcher(SPEC, token)
-    record_oom(token, {"batch_size": 64, "precision": "32", "compile": False})
+    record_oom(token, {"batch_size": 64, "precision": "32", "compile": False, "num_workers": 2})
     proposals = [search.suggest(f"t{i}") for i in range(30)]
     for i in range(30):
         search.on_trial_complete(f"t{i}", {TPUT: 1.0, FINAL: 1})
@@ -55,7 +55,7 @@ def test_no_batch_at_or_above_an_oom_bound_is_proposed(token: str) -> None:
 
 def test_search_ends_when_nothing_feasible_is_left(token: str) -> None:
     search = _searcher(SPEC.replace('["32", "bf16-mixed"]', '["32"]'), token)
-    record_oom(token, {"batch_size": 16, "precision": "32", "compile": False})  # even the smallest batch
+    record_oom(token, {"batch_size": 16, "precision": "32", "compile": False, "num_workers": 2})  # even the smallest
     assert search.suggest("t0") == search.FINISHED
 
 
@@ -133,7 +133,7 @@ def test_grid_visits_every_point_once_smallest_batch_first_and_skips_above_oom(t
         if p == {"precision": "32", "batch_size": 32}:  # runs out of memory
             search.on_trial_complete(f"t{i}", error=True)
             shared(token).failures[f"t{i}"] = "oom"
-            record_oom(token, {**p, "compile": False})
+            record_oom(token, {**p, "compile": False, "num_workers": 2})
         else:
             search.on_trial_complete(f"t{i}", {TPUT: 1.0, FINAL: 1})
     assert seen == [("32", 16), ("32", 32), ("bf16-mixed", 16), ("bf16-mixed", 32), ("bf16-mixed", 64),

@@ -51,9 +51,9 @@ class Checkpointer:
             apply_state(self._state, model, optimizer, scaler, scheduler)
             self._state = None
 
-    def due(self, total: int, more: bool) -> bool:
-        """After `total` measured steps (a resumed trial's included), with more to come."""
-        return bool(self.every) and total % self.every == 0 and more
+    def due(self, total: int) -> bool:
+        """After `total` measured steps (a resumed trial's included; the caller knows more are to come)."""
+        return bool(self.every) and total % self.every == 0
 
     def report(self, reporter: Reporter, metrics: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer,
                scaler: Any, scheduler: Any, total: int) -> None:

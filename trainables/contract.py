@@ -14,6 +14,7 @@ from typing import Any
 
 LR_SCHEDULES: tuple[str, ...] = ("constant", "cosine")
 POOL_CLOSED = "closed"  # what a warm pool's queue hands a group when the sweep is over
+POOL_RESIZE = "resize"  # ... when the trials waiting need another number of ranks: the group ends, one of that size follows
 EVAL_PREFIX = "eval/"  # a workload's eval_fn metrics: eval/<name>
 
 # Precision vocabulary (Lightning-style names). "32" is strict fp32 with TF32 off.
@@ -41,6 +42,11 @@ GPU_UTIL_MEAN_PCT = "gpu/util_mean_pct"
 GPU_MEM_PEAK_GIB = "gpu/mem_peak_gib"
 GPU_POWER_MEAN_W = "gpu/power_mean_w"
 H2D_COPY_PCT = "time/h2d_copy_pct"
+# % of the measured window each rank waited, after its backward, for the gradient all-reduce to finish (the
+# communication backward did not hide), mean over ranks; DDP only (one rank has nothing to wait for: absent)
+ALLREDUCE_WAIT_PCT = "time/allreduce_wait_pct"
+# throughput(N ranks) / (throughput(M) x N / M) x 100 against the twin trial with the fewest ranks M < N (the sweep adds it)
+SCALING_EFFICIENCY_PCT = "perf/scaling_efficiency_pct"
 H2D_GB_PER_S = "copy/h2d_gb_per_s"  # host->device bytes per second of the window, mean per rank (CUDA only)
 CPU_WORKER_PCT = "cpu/worker_util_mean_pct"  # % of one core, the training process itself
 CPU_LOADERS_PCT = "cpu/loader_util_mean_pct"  # % of one core, summed over its dataloader workers
@@ -91,7 +97,8 @@ KNOWN_METRICS: tuple[str, ...] = tuple(
     + [per_worker_throughput_key(u) for u in THROUGHPUT_UNITS]
     + [throughput_cv_key(u) for u in THROUGHPUT_UNITS]
     + [energy_key(u) for u in THROUGHPUT_UNITS]
-    + [LOSS_TRAIN, LOSS_VAL, STEP_TIME_MS, DATA_WAIT_PCT, TFLOPS, MFU_PCT, GPU_UTIL_MEAN_PCT, GPU_MEM_PEAK_GIB,
+    + [LOSS_TRAIN, LOSS_VAL, STEP_TIME_MS, DATA_WAIT_PCT, ALLREDUCE_WAIT_PCT, SCALING_EFFICIENCY_PCT, TFLOPS, MFU_PCT,
+       GPU_UTIL_MEAN_PCT, GPU_MEM_PEAK_GIB,
        GPU_POWER_MEAN_W, H2D_COPY_PCT, H2D_GB_PER_S, CPU_WORKER_PCT, CPU_LOADERS_PCT, CPU_CORES_USED, MEM_HEADROOM_GIB, LOOP_S,
        WARMUP_S, WINDOW_S,
        GRAD_NOISE_SCALE, TIME_TO_TARGET_S, STEPS_TO_TARGET, TARGET_BEST, EVAL_TOTAL_S, EVALS,
@@ -99,7 +106,8 @@ KNOWN_METRICS: tuple[str, ...] = tuple(
     + [seen_key(u) for u in THROUGHPUT_UNITS]
 )
 # Metrics the sweep computes after its trials end (from several trials): never in a trial's own report.
-SWEEP_LEVEL_METRICS: tuple[str, ...] = (PREDICT_TIME_TO_TARGET_S, PREDICT_ERROR_PCT, QUALITY_GAP_PCT)
+SWEEP_LEVEL_METRICS: tuple[str, ...] = (PREDICT_TIME_TO_TARGET_S, PREDICT_ERROR_PCT, QUALITY_GAP_PCT,
+                                        SCALING_EFFICIENCY_PCT)
 
 
 def is_final_only(key: str) -> bool:
@@ -167,6 +175,7 @@ class TrialConfig:
     min_window_s: float = 0.0  # the measured window lasts at least this long (more steps than num_steps if needed)
     max_window_s: float = 0.0  # ... and ends once it lasts this long (fewer steps than num_steps if needed; 0: off)
     max_warmup_s: float = 0.0  # warm-up ends once its timed steps (from step 1) last this long (0: off)
+    num_workers: int = 0  # ranks the trial runs on (the sweep sets it; 0: whatever the launcher started, e.g. torchrun)
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -187,6 +196,8 @@ class TrialConfig:
             raise ValueError("max_window_s and max_warmup_s must be >= 0 (0: off)")
         if self.max_window_s and self.max_window_s < self.min_window_s:
             raise ValueError(f"max_window_s ({self.max_window_s:g}) must be >= min_window_s ({self.min_window_s:g})")
+        if self.num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0 (0: the launcher's world size), got {self.num_workers}")
         if self.num_items < 0 or self.eval_every_steps < 0:
             raise ValueError("num_items and eval_every_steps must be >= 0 (0: off)")
         if self.num_items and self.num_warmup_steps < 1:

@@ -53,6 +53,7 @@ class TrialLength:
         self.warmup_steps = cfg.num_warmup_steps  # a warm-up box may end it sooner
         self.planned = cfg.num_steps  # measured steps in all (a resumed trial's done_before included)
         self.horizon = cfg.num_steps  # the LR schedule's measured steps: the plan as warm-up ends, never moved after
+        self.lr_end: int | None = None  # the LR schedule's last step, fixed when warm-up ends
         free = not cfg.num_items and cfg.target_metric is None  # the clock may set the length
         self.min_s = cfg.min_window_s if free else 0.0
         self.max_s = cfg.max_window_s if free else 0.0
@@ -100,7 +101,18 @@ class TrialLength:
                 fit = max(MIN_SUB_WINDOWS, max(math.ceil(self.min_s / step_s), math.floor(self.max_s / step_s)))
                 self.planned = min(self.planned, self.done_before + fit)
         self.horizon = self.planned  # a later extension for min_window_s runs on at the schedule's end
+        if self.max_s and warm_step_s is None:  # not calibrated: a mark (and a check of the box) every step
+            return 1
+        return self.sub_every()
+
+    def sub_every(self) -> int:
+        """Steps between sub-window marks: ~SUB_WINDOWS of them over the measured steps planned."""
         return max(1, (self.planned - self.done_before) // SUB_WINDOWS)
+
+    def fix_lr_end(self, schedule_step: int) -> None:
+        """Warm-up ended with the schedule at `schedule_step` (a resumed trial's: the checkpoint's): its
+        last step is the planned measured steps after that, whatever this attempt's warm-up length."""
+        self.lr_end = schedule_step + self.planned - self.done_before
 
     def micro_plan(self, step: int) -> tuple[int, int]:
         """This step's micro-batches and the items this rank still needs in it (0: whole batches)."""
@@ -121,19 +133,28 @@ class TrialLength:
         return self.total(measured) < self.planned
 
     def extend_due(self, measured: int) -> bool:
-        """The plan ran out: is the window to be checked against min_window_s?"""
-        return self.min_s > 0 and self.total(measured) == self.planned and self.extended < MAX_EXTENSIONS
+        """The plan ran out: is the window to be checked against min_window_s, or against the box (a window
+        planned from warm-up's step time that ran faster than warm-up runs on toward max_window_s, within
+        num_steps)?"""
+        aims = self.min_s > 0 or (self.max_s > 0 and self.planned < self.cfg.num_steps)
+        return aims and self.total(measured) == self.planned and self.extended < MAX_EXTENSIONS
 
     def extend(self, window_s: float, measured: int) -> bool:
-        """`window_s` agreed over ranks. Short of min_window_s: run on at the rate since the last check (a
-        stall early in the window would make the mean step look slow and the extension short)."""
-        if window_s >= self.min_s:
+        """`window_s` agreed over ranks. Short of min_window_s (or well short of the box): run on at the rate
+        since the last check (a stall early in the window would make the mean step look slow and the
+        extension short); toward the box, never past num_steps nor past the box."""
+        short_of_min = window_s < self.min_s
+        short_of_box = self.max_s > 0 and window_s < 0.9 * self.max_s and self.planned < self.cfg.num_steps
+        if not (short_of_min or short_of_box):
             return False
-        rate = (window_s - self._checked[0]) / max(measured - self._checked[1], 1)
-        self.planned += max(1, math.ceil((self.min_s - window_s) / max(rate, 1e-9) * 1.05))
-        if self.max_s:  # the ceiling still holds (min_window_s <= max_window_s)
-            self.planned = max(self.total(measured) + 1, min(self.planned, self.total(measured) + math.ceil(
-                (self.max_s - window_s) / max(rate, 1e-9))))
+        rate = max((window_s - self._checked[0]) / max(measured - self._checked[1], 1), 1e-9)
+        total = self.total(measured)
+        if short_of_min:
+            self.planned += max(1, math.ceil((self.min_s - window_s) / rate * 1.05))
+        else:
+            self.planned = min(self.cfg.num_steps, total + max(1, math.floor((self.max_s - window_s) / rate)))
+        if self.max_s and self.max_s > 1.05 * self.min_s:  # the ceiling still holds (min_window_s <= max_window_s)
+            self.planned = max(total + 1, min(self.planned, total + math.ceil((self.max_s - window_s) / rate)))
         self.extended, self._checked = self.extended + 1, (window_s, measured)
         return True
 

@@ -11,9 +11,14 @@ report. Each concern owns its state in a small component and answers "is it due?
 check; the spine makes every collective call itself, in one fixed order, each under its own
 `where` label (the warm pool compares them across ranks):
 
+  warmup-box (max_warmup_s: MAX warm-up seconds, before each warm-up step from step 2) ->
   boundary (equal data: SUM items; MAX warm-up step time) -> per step: DDP backward ->
   probe-agree (MAX oom) -> evaluate -> extend (MAX window) / window-cap (MAX window) ->
   report (SUM, MAX, telemetry gather; a barrier under Ray) -> final -> validate -> facts.
+
+The DDP comm hook (noise_scale.py) adds no collective of its own: it wraps DDP's gradient
+all-reduce, reading the noise scale's norms and the time backward waited for it (`CommTimer`),
+which the report's SUM carries.
 
 Components: `TrialLength` (length.py: warm-up, the measured-step plan, the LR horizon, the
 equal-data tail, `min_window_s`/`max_window_s`/`max_warmup_s`), `MeasuredWindow` (window.py:
@@ -66,15 +71,14 @@ from trainables.evaluate import Evaluator, validate
 from trainables.flop_count import flops_per_item
 from trainables.flops import cluster_peak
 from trainables.length import TrialLength
-from trainables.noise_scale import NoiseScale, ddp_hook, grads_sq
+from trainables.noise_scale import CommTimer, HookState, NoiseScale, ddp_hook, grads_sq
 from trainables.precision import Precision, resolve_precision
 from trainables.reporting import Reporter
 from trainables.telemetry import Telemetry
 from trainables.window import MeasuredWindow, all_reduce, spread, world
 from trainables.workloads.base import BuildContext, Workload
 
-_spread = spread  # the names tests and benchmarks import from here
-_all_reduce = all_reduce
+_spread = spread  # the name tests import from here
 
 
 def _make_loader(
@@ -202,7 +206,7 @@ def _make_schedule(optimizer: torch.optim.Optimizer, cfg: TrialConfig,
         if step < warm:
             return (step + 1) / warm
         if cfg.lr_schedule == "cosine":
-            total = length.warmup_steps + length.horizon
+            total = length.lr_end if length.lr_end is not None else length.warmup_steps + length.horizon
             return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm))))
         return 1.0
 
@@ -233,6 +237,7 @@ class _Trial:
     pin: bool
     channels_last: bool
     noise: NoiseScale | None
+    comm: CommTimer | None
     params: list[nn.Parameter]
     flops: tuple[float | None, str]
     tags: dict[str, str]
@@ -241,6 +246,8 @@ class _Trial:
 
 def _build(cfg: TrialConfig, device: torch.device) -> _Trial:
     rank, world_size = world()
+    if cfg.num_workers and cfg.num_workers != world_size:  # the service routes each trial to a group of its size
+        raise RuntimeError(f"this trial is for {cfg.num_workers} rank(s) but runs on {world_size}")
     torch.set_num_threads(cfg.threads_per_worker)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -266,18 +273,20 @@ def _build(cfg: TrialConfig, device: torch.device) -> _Trial:
     forward_model: nn.Module = ddp if ddp is not None else model
     if cfg.compile:
         forward_model = torch.compile(forward_model)  # type: ignore[assignment]
-    # Gradient noise scale: DDP ranks read it in the all-reduce hook; one rank from its micro-batches
+    # Gradient noise scale: DDP ranks read it in the all-reduce hook; one rank from its micro-batches.
+    # The same hook times the all-reduce wait backward did not hide (DDP takes one hook).
     noise: NoiseScale | None = None
     if cfg.grad_noise_scale and not cfg.probe and (ddp is not None or cfg.grad_accum_steps > 1):
         noise = NoiseScale(device)
-        if ddp is not None:
-            ddp.register_comm_hook((noise, world_size), ddp_hook)
+    comm = CommTimer(device) if ddp is not None and not cfg.probe else None
+    if ddp is not None and (noise is not None or comm is not None):
+        ddp.register_comm_hook(HookState(world_size, noise, comm), ddp_hook)
     pin = cfg.pin_memory and device.type == "cuda"
     if cfg.pin_memory and not pin and rank == 0:
         warnings.warn("pin_memory=True has no effect without CUDA; running unpinned", stacklevel=3)
     telemetry = Telemetry(device, cfg.telemetry_period_s) if cfg.telemetry_period_s > 0 else None
     return _Trial(cfg, device, rank, world_size, wl, prec, model, ddp, forward_model, step_fn, count,
-                  _make_optimizer(wl, model, cfg, device), prec.make_scaler(), pin, channels_last, noise,
+                  _make_optimizer(wl, model, cfg, device), prec.make_scaler(), pin, channels_last, noise, comm,
                   [p for p in model.parameters() if p.requires_grad], flops, tags, telemetry)
 
 
@@ -307,6 +316,8 @@ def _run_step(t: _Trial, batches: Iterator[Any], win: MeasuredWindow, micros: in
             with t.prec.autocast():
                 loss = loss_of(t.step_fn(t.forward_model, moved), training=True)
             t.prec.backward(loss / micros if micros > 1 else loss, t.scaler)
+        if sync and t.comm is not None:  # backward returned once the all-reduce had: the wait it did not hide
+            t.comm.backward_done(keep=win.measuring)
         if t.noise is not None and t.ddp is None and win.measuring and micros == accum and micro in (0, accum - 1):
             # one rank: the first micro-batch's gradient is the small batch, the step the big one
             if micro == 0:
@@ -378,7 +389,7 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
     length = TrialLength(cfg, t.world, ckpt.done_before)
     scheduler = _make_schedule(t.optimizer, cfg, length)
     win = MeasuredWindow(device, t.telemetry, t.wl.unit, t.world, t.noise,
-                         t.world if t.ddp is not None else cfg.grad_accum_steps)
+                         t.world if t.ddp is not None else cfg.grad_accum_steps, t.comm)
     evals = Evaluator(cfg, win.timer, lambda: _validate(t))
     loader, sampler = _make_loader(t.wl, cfg, t.pin, train=True, rank=t.rank, world=t.world)
     batches = _batches(loader, sampler, needed=length.batches_needed)
@@ -438,6 +449,7 @@ def _begin_window(t: _Trial, length: TrialLength, win: MeasuredWindow, ckpt: Che
     warm_step_s = all_reduce([(win.timer.now(sync=True) - win.warm_t0) / (step - 1)], device, op="max")[0] \
         if step >= 2 else None  # warm-up long enough to time
     sub_every = length.plan(seen_warm, warm_step_s)
+    length.fix_lr_end(scheduler.last_epoch if scheduler is not None else step)
     # report about every report_interval_s
     report_every = max(1, int(cfg.report_interval_s / max(warm_step_s, 1e-9))) if warm_step_s else cfg.num_steps
     win.start(sub_every, report_every)
@@ -453,15 +465,15 @@ def _measured_step_done(t: _Trial, length: TrialLength, win: MeasuredWindow, ckp
     if length.extend_due(measured):  # the plan ran out: has the window lasted min_window_s?
         where[:] = ["extend", step]
         if length.extend(all_reduce([win.timer.elapsed_s()], t.device, op="max")[0], measured):
-            win.replan(length.planned - length.done_before)
-    elif length.cap_due(measured, len(win.marks) - 1, marked):  # has it lasted max_window_s?
+            win.replan(length.sub_every())
+    elif length.cap_due(measured, win.sub_windows(), marked):  # has it lasted max_window_s?
         where[:] = ["window-cap", step]
         length.cap(all_reduce([win.timer.elapsed_s()], t.device, op="max")[0], measured)
     where[:] = ["report", step]
     total = length.total(measured)
     if evals.reached is not None or not length.more_after(measured):
         return
-    if ckpt.due(total, more=True):
+    if ckpt.due(total):
         ckpt.report(reporter, win.report(total), t.model, t.optimizer, t.scaler, scheduler, total)
     elif evaluated or win.report_due():  # with report_evals, after each evaluation too: ASHA's curve
         reporter.report({**win.report(total), **evaluated})

@@ -1,4 +1,5 @@
-"""The gradient noise scale, measured inside the loop at almost no cost (McCandlish et al. 2018, app. A).
+"""What the DDP comm hook reads: the gradient noise scale (McCandlish et al. 2018, app. A) and the
+gradient all-reduce's wait that backward did not hide, both at almost no cost.
 
 A gradient estimated from B items has expected squared norm E|g_B|^2 = |G|^2 + tr(Sigma)/B, where G
 is the true gradient and Sigma the per-item gradient covariance. Two batch sizes give two such
@@ -17,11 +18,23 @@ The estimators are noisy per step, so both are smoothed (an EMA per optimizer st
 before the ratio is taken. A loss scale (fp16's GradScaler) multiplies both norms alike and cancels
 in the ratio; a step whose gradients are not finite is skipped. Batch sizes are in the workload's
 counted unit (samples or tokens), so the noise scale is too.
+
+**All-reduce wait** (`CommTimer`). DDP launches a bucket's all-reduce from the hook as soon as
+backward has produced that bucket's gradients, so the communication overlaps the rest of backward;
+the last bucket is ready when backward's compute ends, and `backward()` returns once every bucket's
+all-reduce has finished. The time from the last bucket's hook to the end of `backward()` is
+therefore the communication backward did not hide: the wait `time/allreduce_wait_pct` reports (a
+rank that waits for a slower peer waits here too: a straggler looks like communication). On a CPU
+both ends are host clocks; on a GPU, where the host runs ahead, both are CUDA events on the
+compute stream (after `backward()` the stream waits for the all-reduced gradients), read at the
+next report, where the loop synchronises anyway. Timing a no-sync step against a synced one would
+measure the same, but needs extra steps that do not update the model alike on every rank.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,20 +108,73 @@ class NoiseScale:
         return trace / g2 if g2 > 0 and trace > 0 else None
 
 
+class CommTimer:
+    """The wait, per optimizer step, from the last gradient bucket's all-reduce launch to the end of
+    `backward()` (module doc); kept per step without a host sync and summed per report window."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self._ready: Any = None  # the latest bucket's launch: perf_counter, or a CUDA event
+        self._steps: list[Any] = []  # this window's waits: seconds, or (start, end) CUDA events
+
+    def bucket_ready(self) -> None:
+        """From the comm hook, as a bucket's all-reduce is launched."""
+        if self.cuda:
+            self._ready = torch.cuda.Event(enable_timing=True)
+            self._ready.record()
+        else:
+            self._ready = time.perf_counter()
+
+    def backward_done(self, keep: bool) -> None:
+        """After the backward that synchronised gradients: keep this step's wait (measured window) or drop it."""
+        ready, self._ready = self._ready, None
+        if ready is None or not keep:
+            return
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._steps.append((ready, end))
+        else:
+            self._steps.append(time.perf_counter() - ready)
+
+    def window_s(self) -> float:
+        """Seconds waited since the last call (this rank); on a GPU this waits for the last step's event."""
+        steps, self._steps = self._steps, []
+        if not self.cuda:
+            return float(sum(steps))
+        if steps:
+            steps[-1][1].synchronize()
+        return sum(a.elapsed_time(b) for a, b in steps) / 1000.0
+
+
+@dataclass
+class HookState:
+    """What the comm hook feeds: the noise scale and the all-reduce timer, either may be off."""
+
+    world: int
+    noise: NoiseScale | None = None
+    comm: CommTimer | None = None
+
+
 def _sq(t: torch.Tensor) -> torch.Tensor:
     f = t.float() if t.dtype != torch.float32 and t.dtype != torch.float64 else t
     return torch.dot(f.reshape(-1), f.reshape(-1))
 
 
-def ddp_hook(state: tuple[NoiseScale, int], bucket):  # type: ignore[no-untyped-def]
+def ddp_hook(state: HookState, bucket):  # type: ignore[no-untyped-def]
     """DDP's default all-reduce (average over ranks), reading the bucket's squared norm before
-    (this rank's small-batch gradient) and after (the global one). Unannotated `bucket` and return:
-    DDP compares real annotations with `dist.GradBucket`/`Future`, and this module's are strings."""
-    noise, world = state
-    buf = bucket.buffer()
-    noise.add_small(_sq(buf))
-    buf.div_(world)
+    (this rank's small-batch gradient) and after (the global one), and when it was launched.
+    Unannotated `bucket` and return: DDP compares real annotations with `dist.GradBucket`/`Future`,
+    and this module's are strings."""
+    noise, buf = state.noise, bucket.buffer()
+    if noise is not None:
+        noise.add_small(_sq(buf))
+    buf.div_(state.world)
+    if state.comm is not None:
+        state.comm.bucket_ready()
     fut = dist.all_reduce(buf, async_op=True).get_future()
+    if noise is None:
+        return fut.then(lambda f: f.value()[0])
 
     def after(f: torch.futures.Future[Any]) -> torch.Tensor:
         out: torch.Tensor = f.value()[0]

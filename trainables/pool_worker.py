@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from trainables.contract import POOL_CLOSED as CLOSED
+from trainables.contract import POOL_RESIZE as RESIZE
 from trainables.contract import TrialConfig
 from trainables.errors import DivergedError, UnsupportedError, WorkloadError
 from trainables.reporting import keep_checkpoint
@@ -137,12 +138,13 @@ class QueueReporter:
 
 
 def _next_item(queue: Any, slot: int, rank: int, world: int, device: torch.device) -> Any:
-    """The next trial (or CLOSED). Every rank loops together, one short wait at a time: an idle
-    group never sits in one collective for longer than the process-group timeout."""
+    """The next trial for a group of this size (or CLOSED, or RESIZE). Every rank loops together, one
+    short wait at a time: an idle group never sits in one collective for longer than the process-group
+    timeout."""
     import ray
 
     while True:
-        item = ray.get(queue.take.remote(slot, 2.0)) if rank == 0 else None
+        item = ray.get(queue.take.remote(slot, 2.0, world)) if rank == 0 else None
         if world > 1:
             box = [item]
             dist.broadcast_object_list(box, src=0, device=device if device.type == "cuda" else None)
@@ -183,7 +185,7 @@ def pool_worker(config: dict[str, Any]) -> None:
     served = 0
     while True:
         item = _next_item(queue, slot, rank, world, device)
-        if item == CLOSED:
+        if item in (CLOSED, RESIZE):  # the sweep is over, or its waiting trials need another number of ranks
             return
         trial_id, cfg_dict, resume_from, checkpoint_dir = item
         cfg = TrialConfig.from_dict(cfg_dict)

@@ -2,7 +2,7 @@
 
 `MeasuredWindow` owns the state a report needs (items, bytes copied, the summed loss, the previous
 report's mark, the sub-window marks); `report()` is the only place that turns it into metrics, with
-its collectives in a fixed order: one all_reduce SUM, one all_reduce MAX, the spread's two (final
+its collectives in a fixed order: one all_reduce SUM (the all-reduce wait, `CommTimer`, among its figures), one all_reduce MAX, the spread's two (final
 report only, with enough marks) and telemetry's all_gather. Every rank calls it at the same points.
 """
 
@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from trainables import contract
 from trainables.errors import DivergedError
-from trainables.noise_scale import NoiseScale
+from trainables.noise_scale import CommTimer, NoiseScale
 from trainables.telemetry import StepTimer, Telemetry, combine_ranks
 
 
@@ -35,17 +35,25 @@ def all_reduce(values: list[float], device: torch.device, op: str = "sum") -> li
     return t.tolist()
 
 
-def spread(marks: list[tuple[float, int, int]], device: torch.device) -> float | None:
-    """The throughput's coefficient of variation (%) over sub-windows of equal steps (items summed over
-    ranks, each span the slowest rank's); absent with fewer than 3. Marks taken before an extension of
-    the plan are denser: they are merged so every sub-window spans about as many steps as the last."""
-    if len(marks) < 4:
-        return None
+def kept_marks(marks: list[tuple[float, int, int]]) -> list[tuple[float, int, int]]:
+    """Marks taken before an extension of the plan are denser: merged so every sub-window spans about as
+    many steps as the last."""
+    if len(marks) < 2:
+        return list(marks)
     width = marks[-1][2] - marks[-2][2]
     kept = [marks[0]]
     for m in marks[1:]:
         if m[2] - kept[-1][2] >= width or m is marks[-1]:
             kept.append(m)
+    return kept
+
+
+def spread(marks: list[tuple[float, int, int]], device: torch.device) -> float | None:
+    """The throughput's coefficient of variation (%) over sub-windows of equal steps (items summed over
+    ranks, each span the slowest rank's); absent with fewer than 3."""
+    if len(marks) < 4:
+        return None
+    kept = kept_marks(marks)
     if len(kept) < 4:
         return None
     pairs = list(zip(kept, kept[1:], strict=False))
@@ -73,8 +81,9 @@ class MeasuredWindow:
     """Times the measured window and counts what happens in it (this rank), for the reports."""
 
     def __init__(self, device: torch.device, telemetry: Telemetry | None, unit: str, world_size: int,
-                 noise: NoiseScale | None, small_batches_per_step: int) -> None:
+                 noise: NoiseScale | None, small_batches_per_step: int, comm: CommTimer | None = None) -> None:
         self.device, self.telemetry, self.unit, self.world = device, telemetry, unit, world_size
+        self.comm = comm  # DDP: the all-reduce wait backward did not hide
         self.noise, self.small_per_step = noise, small_batches_per_step  # the noise scale's small batch: ranks or micro-batches
         self.timer = StepTimer(device)
         self.items = 0  # counted in the measured window
@@ -112,9 +121,13 @@ class MeasuredWindow:
         if self.telemetry is not None:
             self.telemetry.start()
 
-    def replan(self, measured_steps: int) -> None:
-        """The plan grew: ~10 marks still (denser earlier ones are merged by `spread`)."""
-        self.sub_every = max(self.sub_every, measured_steps // 10)
+    def replan(self, sub_every: int) -> None:
+        """The plan grew: ~as many marks still (denser earlier ones are merged by `kept_marks`)."""
+        self.sub_every = max(self.sub_every, sub_every)
+
+    def sub_windows(self) -> int:
+        """Sub-windows the spread would have now (after merging)."""
+        return len(kept_marks(self.marks)) - 1
 
     def count(self, items: int, copied: int, loss: torch.Tensor, micros: int) -> None:
         """One micro-batch of the measured window."""
@@ -146,12 +159,13 @@ class MeasuredWindow:
         self._mark = (elapsed, timer.steps, self.items, timer.data_wait_s, self.copied)
         span, steps = elapsed - t0, timer.steps - steps0
         noise_sums = self.noise.window_sums() if self.noise is not None else [0.0, 0.0, 0.0]
+        comm_s = self.comm.window_s() if self.comm is not None else 0.0
         summed = all_reduce([float(self.items - items0), (timer.data_wait_s - wait0) / max(span, 1e-12),
                              self.loss_sum.item(), float(self.loss_count), *noise_sums,
-                             float(self.copied - bytes0)], self.device)
+                             float(self.copied - bytes0), comm_s / max(span, 1e-12)], self.device)
         (max_span,) = all_reduce([span], self.device, op="max")
         cv = spread(self.marks, self.device) if final else None
-        window_items, wait_share, losses, counts, small_sq, big_sq, noise_steps, window_bytes = summed
+        window_items, wait_share, losses, counts, small_sq, big_sq, noise_steps, window_bytes, comm_share = summed
         train_loss = losses / max(counts, 1.0)
         if not math.isfinite(train_loss):
             raise DivergedError(f"training loss became {train_loss} by measured step {timer.steps}")
@@ -175,6 +189,8 @@ class MeasuredWindow:
                 measured[contract.GRAD_NOISE_SCALE] = b_simple
         if cv is not None:
             measured[contract.throughput_cv_key(unit)] = cv
+        if self.comm is not None:  # mean over ranks, as the data wait
+            measured[contract.ALLREDUCE_WAIT_PCT] = 100.0 * comm_share / world_size
         if final:
             measured[contract.WINDOW_S] = max_span
         return measured | {
