@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
+import ray
 from ray import tune
 
 from sweeps.breaker import FailureStreak
@@ -84,7 +85,7 @@ class SweepCallback(tune.Callback):
             self.rows[trial.trial_id] = row
         row.status, row.reason = "running", ""  # a resumed trial starts over in the same MLflow run
         self._started.add(trial.trial_id)
-        self._began[trial.trial_id] = time.monotonic()
+        self._began[trial.trial_id] = time.time()  # wall clock: compared with the queue's (same node)
         self.tracker.trial_started(trial.trial_id, row.number, params)
         row.run_id = self.tracker.run_id(trial.trial_id)
         shown = ", ".join(f"{k}={v}" for k, v in trial.config.items())
@@ -149,7 +150,7 @@ class SweepCallback(tune.Callback):
     def _finish(self, trial_id: str, status: str, reason: str) -> None:
         self._ended.add(trial_id)
         if trial_id in self._began:
-            self._cost[trial_id] = time.monotonic() - self._began[trial_id]
+            self._cost[trial_id] = time.time() - max(self._began[trial_id], self._group_ready_at(trial_id))
         if self.queue is not None:  # Tune ended it: a warm group still running (or queueing) it stops
             self.queue.cancel.remote(trial_id)
         row = self.rows[trial_id]
@@ -173,6 +174,16 @@ class SweepCallback(tune.Callback):
             self.echo(f"out of memory at batch_size={knobs['batch_size']} with {oom_label(knobs)}: "
                       "no batch this large or larger will be tried with those settings")
 
+    def _group_ready_at(self, trial_id: str) -> float:
+        """When a warm group took a trial that waited for one to start (0: it did not wait, or no pool):
+        the group's start-up is the sweep's cost, not a trial's, so the ETA leaves it out."""
+        if self.queue is None:
+            return 0.0
+        try:
+            return float(ray.get(self.queue.group_ready_at.remote(trial_id), timeout=10) or 0.0)
+        except Exception:  # noqa: BLE001 - only the ETA depends on it
+            return 0.0
+
     def _count_failure(self, status: str, reason: str) -> None:
         """Circuit breaker: the same error N times in a row will not fix itself (e.g. an ImportError)."""
         why = self._streak.add(status, reason)
@@ -181,10 +192,9 @@ class SweepCallback(tune.Callback):
             self.echo(f"STOPPING the sweep: {why}. Fix that, then run the sweep again.")
 
     def _progress(self, row: TrialRow) -> str:
-        now = time.monotonic()
-        running = [now - t for k, t in self._began.items() if k not in self._ended]
+        running = [time.time() - t for k, t in self._began.items() if k not in self._ended]
         expected = [expected_cost(self.spec, cost, self.rows[k].metrics) for k, cost in self._cost.items()]
-        return progress_line(self.spec, row, list(self.rows.values()), now - self.t0, expected, running)
+        return progress_line(self.spec, row, list(self.rows.values()), time.monotonic() - self.t0, expected, running)
 
 
 def _interrupt_tune() -> bool:
