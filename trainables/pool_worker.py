@@ -182,6 +182,7 @@ def pool_worker(config: dict[str, Any]) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     node = ray.get_runtime_context().get_node_id()
+    reset_between_trials(device)  # its first call imports torch's compiler stack (~1 s): the group's start-up, not a trial's
     served = 0
     while True:
         item = _next_item(queue, slot, rank, world, device)
