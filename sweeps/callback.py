@@ -150,7 +150,7 @@ class SweepCallback(tune.Callback):
     def _finish(self, trial_id: str, status: str, reason: str) -> None:
         self._ended.add(trial_id)
         if trial_id in self._began:
-            self._cost[trial_id] = time.time() - max(self._began[trial_id], self._group_ready_at(trial_id))
+            self._cost[trial_id] = time.time() - max(self._began[trial_id], self._pool_began_at(trial_id))
         if self.queue is not None:  # Tune ended it: a warm group still running (or queueing) it stops
             self.queue.cancel.remote(trial_id)
         row = self.rows[trial_id]
@@ -174,13 +174,13 @@ class SweepCallback(tune.Callback):
             self.echo(f"out of memory at batch_size={knobs['batch_size']} with {oom_label(knobs)}: "
                       "no batch this large or larger will be tried with those settings")
 
-    def _group_ready_at(self, trial_id: str) -> float:
-        """When a warm group took a trial that waited for one to start (0: it did not wait, or no pool):
-        the group's start-up is the sweep's cost, not a trial's, so the ETA leaves it out."""
+    def _pool_began_at(self, trial_id: str) -> float:
+        """When a warm group's trial began costing (`Queue.began_at`; 0 without a pool): the first trial's
+        Tune actor and group start-up are the sweep's, so the ETA leaves them out."""
         if self.queue is None:
             return 0.0
         try:
-            return float(ray.get(self.queue.group_ready_at.remote(trial_id), timeout=10) or 0.0)
+            return float(ray.get(self.queue.began_at.remote(trial_id), timeout=10) or 0.0)
         except Exception:  # noqa: BLE001 - only the ETA depends on it
             return 0.0
 

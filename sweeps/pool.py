@@ -57,7 +57,8 @@ class Queue:
         self._where: dict[str, dict[int, str]] = {}  # where in the loop each rank's trial ended
         self._idle: dict[int, int] = {}  # slot -> the size of its group, while it waits in take()
         self._resizing: dict[int, int] = {}  # slot -> the size its next group is started with
-        self._waited: dict[str, float] = {}  # trial -> when a group took it, if none of its size was idle at submit
+        self._began: dict[str, float] = {}  # trial -> when it was submitted, or taken if it had to wait for a group
+        self._waited: set[str] = set()  # trials submitted while no group that takes them was waiting
         self._closed = False
 
     # -- the Tune trial's side ---------------------------------------------------------------
@@ -68,10 +69,11 @@ class Queue:
             self._done.pop(trial_id, None)
             self._decided.pop(trial_id, None)
             self._pending.append((trial_id, config, resume_from, checkpoint_dir))
-            self._waited.pop(trial_id, None)
+            self._began[trial_id] = time.time()
+            self._waited.discard(trial_id)
             size = _size(self._pending[-1])
             if not any(s == 0 or size in (0, s) for s in self._idle.values()):
-                self._waited[trial_id] = 0.0  # no group that takes it is waiting: it waits for one to start
+                self._waited.add(trial_id)  # no group that takes it is waiting: it waits for one to start
             self._cv.notify_all()
 
     def events(self, trial_id: str, since: int, timeout_s: float) -> list[dict[str, Any]] | None:
@@ -106,7 +108,7 @@ class Queue:
                     self._pending.remove(item)
                     self._serving[slot] = item[0]
                     if item[0] in self._waited:
-                        self._waited[item[0]] = time.time()
+                        self._began[item[0]] = time.time()
                     return item
                 wanted = self._wanted(slot)
                 if wanted is None:
@@ -117,11 +119,12 @@ class Queue:
             finally:
                 self._idle.pop(slot, None)
 
-    def group_ready_at(self, trial_id: str) -> float | None:
-        """When a group took the trial (`time.time()`), if it had to wait for a group to start (the first
-        trial of a sweep, a resize): what it cost the sweep from there on is the trial's own cost."""
+    def began_at(self, trial_id: str) -> float | None:
+        """When the trial's own cost began (`time.time()`): its submission by its Tune trial (after that
+        actor started), or when a group took it if it had to wait for one to start (the first trial of a
+        sweep, a resize): the group's start-up is the sweep's cost, not a trial's."""
         with self._cv:
-            return self._waited.get(trial_id) or None
+            return self._began.get(trial_id)
 
     def _mine(self, size: int) -> tuple[str, dict[str, Any], str | None, str] | None:
         return next((p for p in self._pending if size == 0 or _size(p) in (0, size)), None)
