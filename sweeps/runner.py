@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import ray
 from ray import tune
+from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
 from sweeps.breaker import BreakerStopper
 from sweeps.callback import _LIVE, SweepCallback
@@ -75,6 +76,9 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
     # Progress reports carry throughput but not validation loss, which only the final report has;
     # Tune would otherwise refuse the first report of a sweep whose objective is loss/val.
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
+    # Tune's own result files: CSV and JSON (its ResultGrid reads them), not TensorBoard's (MLflow is the
+    # record; importing tensorboardX cost the first trial's result ~1 s on this 2-core machine)
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     uri = tracker.uri
     exp_dir = experiment_dir(spec)
     token = state.token if state is not None else uuid.uuid4().hex
@@ -117,7 +121,8 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
                 time_budget_s=spec.budget.time_budget_s,
                 reuse_actors=REUSE_TRIAL_ACTORS,
             ),
-            run_config=tune.RunConfig(name=spec.name, storage_path=str(exp_dir.parent), callbacks=[callback], verbose=0,
+            run_config=tune.RunConfig(name=spec.name, storage_path=str(exp_dir.parent), verbose=0,
+                                      callbacks=[callback, CSVLoggerCallback(), JsonLoggerCallback()],
                                       stop=BreakerStopper(token)),
         )
     callback.queue = pool.queue if pool is not None else None
