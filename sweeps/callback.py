@@ -17,7 +17,7 @@ from ray import tune
 from sweeps.breaker import FailureStreak
 from sweeps.failures import failure_of
 from sweeps.outcome import MEASURED, TrialRow, end_status
-from sweeps.progress import expected_cost, progress_line
+from sweeps.progress import progress_line
 from sweeps.search import knobs_of, oom_label, record_oom, shared
 from sweeps.sol import SpeedOfLight
 from sweeps.space import resolve_trial, trial_params
@@ -193,8 +193,8 @@ class SweepCallback(tune.Callback):
 
     def _progress(self, row: TrialRow) -> str:
         running = [time.time() - t for k, t in self._began.items() if k not in self._ended]
-        expected = [expected_cost(self.spec, cost, self.rows[k].metrics) for k, cost in self._cost.items()]
-        return progress_line(self.spec, row, list(self.rows.values()), time.monotonic() - self.t0, expected, running)
+        return progress_line(self.spec, row, list(self.rows.values()), time.monotonic() - self.t0,
+                             list(self._cost.values()), running)
 
 
 def _interrupt_tune() -> bool:

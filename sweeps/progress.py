@@ -14,7 +14,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TextIO
 
 from sweeps.outcome import MEASURED, NOT_FAILED, UNFINISHED, TrialRow
 from sweeps.spec import SweepSpec
@@ -78,34 +78,23 @@ def _boxes(spec: SweepSpec) -> tuple[float, float]:
     return spec.budget.time_box(spec.scaling.use_gpu, constrained=not spec.objective.speed_only)
 
 
-def expected_cost(spec: SweepSpec, cost: float, metrics: dict[str, Any]) -> float:
-    """What a trial not yet run will cost, going by one that ended (`cost`: its wall time, start to end):
-    in a time-boxed sweep its warm-up and window are what the boxes allow (a first trial with a fast
-    configuration ends its warm-up by the step count, a slow one runs to the box), the rest (start-up,
-    building, validation) as that trial measured it; otherwise what that trial cost."""
-    window, warmup = _boxes(spec)
-    measured = metrics.get(WARMUP_S), metrics.get(WINDOW_S)
-    if not window or not all(isinstance(v, (int, float)) for v in measured):
-        return cost
-    return max(0.0, cost - float(measured[0]) - float(measured[1])) + warmup + window  # type: ignore[arg-type]
-
-
-def remaining_s(spec: SweepSpec, expected: list[float], running_for: list[float]) -> float:
-    """Seconds the sweep still needs: each trial not yet started costs the mean of `expected` (one figure
-    per ended trial, `expected_cost`), each running one what is left of that, `max_concurrent_trials` at a
-    time. nan before any trial ended."""
-    if not expected:
+def remaining_s(spec: SweepSpec, costs: list[float], running_for: list[float]) -> float:
+    """Seconds the sweep still needs: each trial not yet started costs what the ended ones cost on average
+    (`costs`: each one's own wall time, start to end: not the cluster's or a warm group's start-up), each
+    running one what is left of that, `max_concurrent_trials` at a time. nan before any trial ended. With
+    time boxes the trials cost about the same; the mean follows the sweep as it goes."""
+    if not costs:
         return math.nan
-    per = statistics.fmean(expected)
-    waiting = spec.budget.num_trials - len(expected) - len(running_for)
+    per = statistics.fmean(costs)
+    waiting = spec.budget.num_trials - len(costs) - len(running_for)
     running = sum(max(0.0, per - t) for t in running_for)
     return (max(0, waiting) * per + running) / spec.budget.max_concurrent_trials
 
 
 def sweep_status(spec: SweepSpec, rows: list[TrialRow], elapsed: float, costs: list[float] | None = None,
                  running_for: list[float] | None = None) -> Status:
-    """`costs`: what each trial not yet run is expected to cost, one figure per ended trial
-    (`expected_cost`); `running_for`: how long each running trial has run.
+    """`costs`: each ended trial's own wall time (`remaining_s`); `running_for`: how long each running
+    trial has run.
     Without them (a resumed sweep's earlier trials), the mean time per ended trial stands in."""
     done = [r for r in rows if r.status not in UNFINISHED]
     failed = [r for r in done if r.status not in NOT_FAILED]

@@ -51,3 +51,25 @@ def test_a_group_that_dies_before_taking_a_trial_charges_the_next_waiting_one() 
     [event] = q.events("a", 0, 0)
     assert event["retired"] and isinstance(event["failed"][None], RuntimeError)
     assert q.take(0, 0)[0] == "b" and q.events("b", 0, 0) == []
+
+
+def test_a_trials_cost_begins_when_a_group_took_it_only_if_it_waited_for_one(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import sweeps.pool
+
+    clock = iter([100.0, 150.0, 200.0, 260.0])  # submit 1, take 1 (the group came up), submit 2, take 2
+    monkeypatch.setattr(sweeps.pool.time, "time", lambda: next(clock))
+    q = Queue()
+    q.submit("first", {}, None, "/tmp")  # no group is waiting yet: the first trial waits for one to start
+    assert q.take(0, 1.0)[0] == "first"
+    assert q.began_at("first") == 150.0  # the group's start-up is the sweep's, not the trial's
+    taken: list[object] = []
+    waiting = threading.Thread(target=lambda: taken.append(q.take(0, 10.0)))
+    waiting.start()  # the group waits in take() when the next trial comes
+    for _ in range(200):
+        if q._idle:
+            break
+        threading.Event().wait(0.01)
+    q.submit("second", {}, None, "/tmp")
+    waiting.join(timeout=10)
+    assert taken and taken[0][0] == "second"  # type: ignore[index]
+    assert q.began_at("second") == 200.0  # a group was waiting: its cost begins at its submission

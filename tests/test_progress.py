@@ -116,3 +116,30 @@ def test_a_trial_line_shows_its_throughputs_spread_where_measured() -> None:
                    metrics={METRIC: 510.9, "throughput/samples_per_s_cv_pct": 2.345})
     line = progress_line(SPEC, row, [row], elapsed=5.0)
     assert line.startswith("[trial 1/4] throughput/samples_per_s=510.9 (cv 2.3% over its window) [compute-bound] |")
+
+
+def test_the_planned_cost_is_trials_times_the_boxed_trial_by_concurrency() -> None:
+    from pathlib import Path
+
+    from sweeps.progress import planned_cost
+
+    demo = parse_spec((Path(__file__).resolve().parents[1] / "examples" / "demo.yaml").read_text())
+    line = planned_cost(demo)
+    assert "8 trial(s), 1 at a time" in line and "<= 3 s of warm-up + <= 5 s measured" in line
+    assert "8 x 8 s = 64 s of training" in line
+    two = parse_spec("name: p\ntrainable: {name: mlp-tabular}\nbudget: {num_trials: 5, num_steps: 20, "
+                     "max_concurrent_trials: 2}\n")
+    assert "3 x 8 s = 24 s" in planned_cost(two)  # 5 trials 2 at a time: 3 rounds of the CPU boxes
+    data = parse_spec("name: p\ntrainable: {name: mlp-tabular}\nbudget: {num_trials: 2, num_samples: 4096}\n")
+    assert "not time-boxed (it follows the data budget)" in planned_cost(data)
+
+
+def test_the_eta_counts_what_the_ended_trials_cost_not_the_sweeps_start_up() -> None:
+    from sweeps.progress import remaining_s, sweep_status
+
+    spec8 = parse_spec("name: p\ntrainable: {name: mlp-tabular}\nbudget: {num_trials: 8, num_steps: 2}\n")
+    assert remaining_s(spec8, [10.0], []) == 70.0
+    assert remaining_s(spec8, [10.0, 12.0], [4.0]) == 5 * 11.0 + 7.0  # the running one: what is left of the mean
+    rows = [TrialRow("t1", 1, {}, status="ok")]
+    status = sweep_status(spec8, rows, elapsed=40.0, costs=[10.0], running_for=[])  # 30 s went to start-up
+    assert status.eta_s == 70.0  # not 40 s x 7
