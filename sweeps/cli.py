@@ -22,8 +22,20 @@ def _validate(args: argparse.Namespace) -> int:
     except SpecError as exc:
         print(exc, file=sys.stderr)
         return 2
+    fits = ""
+    if args.cpus is not None or args.gpus is not None or args.here:
+        from sweeps.resources import refuse_if_never_fits, this_machine
+
+        have = this_machine() if args.here else {}
+        have.update({k: float(v) for k, v in (("CPU", args.cpus), ("GPU", args.gpus)) if v is not None})
+        try:
+            refuse_if_never_fits(spec, have)
+        except SpecError as exc:
+            print(exc, file=sys.stderr)
+            return 2
+        fits = f"; its largest trial fits {have.get('CPU', 0):g} CPUs and {have.get('GPU', 0):g} GPUs"
     searched = ", ".join(spec.space.searched()) or "nothing"
-    print(f"{args.spec}: OK — sweep {spec.name!r}, {spec.budget.num_trials} trials of {spec.trainable.name}, searching {searched}")
+    print(f"{args.spec}: OK — sweep {spec.name!r}, {spec.budget.num_trials} trials of {spec.trainable.name}, searching {searched}{fits}")
     return 0
 
 
@@ -194,6 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("validate", help="check a sweep spec (needs neither Ray nor a GPU)")
     p.add_argument("spec")
+    p.add_argument("--here", action="store_true", help="also check that its largest trial fits this machine "
+                   "(its CPUs and NVIDIA GPUs), as a local `sweeps run` would")
+    p.add_argument("--cpus", type=float, default=None, help="also check that its largest trial fits a cluster "
+                   "of this many CPUs (with --gpus)")
+    p.add_argument("--gpus", type=float, default=None, help="... and this many GPUs (default 0)")
     p.set_defaults(func=_validate)
     p = sub.add_parser("run", help="run a sweep on the Ray cluster ray.init() finds, or a local one")
     p.add_argument("spec")

@@ -3,6 +3,7 @@ environment of a local cluster."""
 
 from __future__ import annotations
 
+import glob
 import os
 from typing import Any
 
@@ -29,6 +30,15 @@ def concurrency_note(spec: SweepSpec, resources: dict[str, float]) -> str:
     if asked > fits:
         return note + f" — WARNING: only {fits} fit, the rest wait; set budget.max_concurrent_trials: {fits}"
     return note
+
+
+def this_machine() -> dict[str, float]:
+    """This machine's CPUs and NVIDIA GPUs as a local Ray cluster would count them (no torch, no Ray)."""
+    gpus = len(glob.glob("/dev/nvidia[0-9]*"))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        gpus = min(gpus, len([d for d in visible.split(",") if d.strip()]))
+    return {"CPU": float(os.cpu_count() or 1), "GPU": float(gpus)}
 
 
 def refuse_if_never_fits(spec: SweepSpec, resources: dict[str, float]) -> None:

@@ -153,6 +153,20 @@ def test_cli_validate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert "cannot read the spec" in capsys.readouterr().err
 
 
+def test_cli_validate_refuses_a_worker_count_that_never_fits_the_cluster_named(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "scaling.yaml"
+    spec.write_text((Path(__file__).resolve().parents[1] / "examples" / "scaling.yaml").read_text()
+                    .replace("choices: [1, 2]}", "choices: [1, 2, 4]}").replace("num_trials: 4 ", "num_trials: 6 "))
+    assert main(["validate", str(spec)]) == 0  # no cluster named: the spec alone is fine
+    capsys.readouterr()
+    assert main(["validate", str(spec), "--cpus", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "space.num_workers" in err and "drop 4 from space.num_workers (at most 2 fit)" in err
+    assert main(["validate", str(spec), "--cpus", "4"]) == 0
+    assert "its largest trial fits 4 CPUs and 0 GPUs" in capsys.readouterr().out
+
+
 def test_objective_follows_the_workload_unit() -> None:
     gpt = BASE.replace("mlp-tabular", "gpt-lm")
     assert parse_spec(gpt).objective.metric == "throughput/tokens_per_s"
