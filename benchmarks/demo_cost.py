@@ -1,0 +1,78 @@
+"""What `make demo` costs and how well it says so beforehand, on this CPU as it is and with bf16 emulated.
+
+Runs `sweeps run --restart examples/demo.yaml` as a new user would (a fresh working directory, a fresh
+speed-of-light cache, local Ray, the embedded MLflow store), once per mode:
+- `native`: the machine as it is;
+- `emulated`: `ONEDNN_MAX_CPU_ISA=AVX2`, which makes oneDNN run bf16 by converting to fp32 on any x86
+  CPU (the class of a CPU without avx512_bf16/AMX).
+
+Per mode: the sweep's wall time ("finished in"), the ETA printed after the first trial against the time
+that really remained (first_eta_error_pct = (ETA - remaining) / remaining x 100, remaining = sweep wall -
+elapsed at that line), the largest `perf/sol_pct` of any trial, and whether every bf16 verdict names
+emulation. Goals (issue 27, on a 2-core CPU without avx512_bf16): sweep <= 180 s, |first ETA error| <=
+25%, no sol_pct above 100, the bf16 verdicts name emulation.
+
+    .venv/bin/python benchmarks/demo_cost.py [--modes native,emulated]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common import REPO, record, table
+
+_ETA = re.compile(r"^\[trial 1/\d+\] .*\| elapsed (\d+)s, ETA (\d+)s")
+_WALL = re.compile(r"^Sweep \S+ finished in (\d+)s: (\d+)/(\d+) trials ok")
+
+
+def run(mode: str) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="demo-cost-") as tmp:
+        env = {**os.environ, "XDG_CACHE_HOME": str(Path(tmp) / "cache")}
+        if mode == "emulated":
+            env["ONEDNN_MAX_CPU_ISA"] = "AVX2"
+        cmd = [sys.executable, "-m", "sweeps", "run", "--restart", str(REPO / "examples" / "demo.yaml")]
+        proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=1800)
+        out = proc.stdout.splitlines()
+        if proc.returncode != 0:
+            raise SystemExit(f"{mode}: the demo failed ({proc.returncode}):\n" + "\n".join(out[-40:]) + proc.stderr[-3000:])
+        elapsed, eta = next((int(m.group(1)), int(m.group(2))) for line in out if (m := _ETA.match(line)))
+        wall, ok, total = next((int(m.group(1)), int(m.group(2)), int(m.group(3)))
+                               for line in out if (m := _WALL.match(line)))
+        db = sqlite3.connect(Path(tmp) / "mlflow.db")
+        sol = [v for (v,) in db.execute("select value from latest_metrics where key = 'perf/sol_pct'")]
+        verdicts = [v for (v,) in db.execute(
+            "select t.value from tags t join params p on t.run_uuid = p.run_uuid "
+            "where t.key = 'sweep.verdict_reason' and p.key = 'precision' and p.value = 'bf16-mixed'")]
+        db.close()
+    remaining = wall - elapsed
+    return {"mode": mode, "sweep_s": wall, "trials_ok": ok, "trials": total, "first_eta_s": eta,
+            "first_eta_remaining_s": remaining, "first_eta_error_pct": 100.0 * (eta - remaining) / remaining,
+            "max_sol_pct": max(sol) if sol else None, "bf16_trials": len(verdicts),
+            "bf16_verdicts_name_emulation": sum("emulated" in v for v in verdicts)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--modes", default="native,emulated")
+    a = ap.parse_args()
+    rows = [run(mode) for mode in a.modes.split(",")]
+    print(table(["mode", "sweep s", "ok", "first ETA s", "remaining s", "ETA error %", "max sol %", "bf16 'emulated'"],
+                [[r["mode"], str(r["sweep_s"]), f"{r['trials_ok']}/{r['trials']}", str(r["first_eta_s"]),
+                  str(r["first_eta_remaining_s"]), f"{r['first_eta_error_pct']:+.0f}",
+                  f"{r['max_sol_pct']:.1f}" if r["max_sol_pct"] is not None else "-",
+                  f"{r['bf16_verdicts_name_emulation']}/{r['bf16_trials']}"] for r in rows]))
+    record("demo_cost", f"benchmarks/demo_cost.py --modes {a.modes}", rows)
+
+
+if __name__ == "__main__":
+    main()
