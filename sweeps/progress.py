@@ -58,7 +58,7 @@ class ProgressLine(str):
 def planned_cost(spec: SweepSpec) -> str:
     """What the sweep will cost, said before it starts: trials x the time-boxed trial, by concurrency."""
     b, n, at_once = spec.budget, spec.budget.num_trials, spec.budget.max_concurrent_trials
-    window, warmup = _boxes(spec)
+    _, window, warmup = spec.trial_clock()
     rounds = math.ceil(n / at_once)
     if not window:
         return (f"planned: {n} trial(s), {at_once} at a time; their length is not time-boxed (it follows "
@@ -69,13 +69,6 @@ def planned_cost(spec: SweepSpec) -> str:
             f"{window:g} s measured (budget.max_warmup_s / max_window_s): {rounds} x {boxed:g} s = "
             f"{rounds * boxed:.0f} s of training, plus each trial's start-up and validation (measured by the first "
             "trial: the ETA uses what each finished trial cost)")
-
-
-def _boxes(spec: SweepSpec) -> tuple[float, float]:
-    """The sweep's (max_window_s, max_warmup_s); (0, 0) where the trials' length is not time-boxed."""
-    if spec.objective.target is not None or spec.search.early_stopping is not None:
-        return 0.0, 0.0  # the target, or ASHA, sets each trial's length
-    return spec.budget.time_box(spec.scaling.use_gpu, constrained=not spec.objective.speed_only)
 
 
 def remaining_s(spec: SweepSpec, costs: list[float], running_for: list[float]) -> float:

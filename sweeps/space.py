@@ -39,14 +39,12 @@ def resolve_trial(spec: SweepSpec, sampled: dict[str, Any], metrics_path: str | 
     batch, accum, workers = int(knobs["batch_size"]), int(knobs["grad_accum_steps"]), int(knobs["num_workers"])
     global_batch = batch * accum * workers
     lr = float(knobs["lr"]) * (spec.lr_scaling.factor(global_batch) if spec.lr_scaling is not None else 1.0)
-    b, target, es = spec.budget, spec.objective.target, spec.search.early_stopping
+    b, target = spec.budget, spec.objective.target
     if b.num_steps is not None:
         num_steps = b.num_steps
     else:  # equal data: the loop plans from its warm-up's items per step; this is exact for samples
         num_steps = max(1, math.ceil(b.num_items / global_batch) - b.num_warmup_steps) if b.num_samples else 1
-    steps_fixed = es is not None and es.grace_steps is not None  # ASHA on steps: it ends trials at num_steps
-    window_box, warmup_box = (0.0, 0.0) if target is not None else b.time_box(
-        spec.scaling.use_gpu, steps_fixed, constrained=not spec.objective.speed_only)
+    min_window, window_box, warmup_box = spec.trial_clock()
     return TrialConfig(
         workload=spec.trainable.name,
         workload_params={**spec.trainable.params, **own},
@@ -74,7 +72,7 @@ def resolve_trial(spec: SweepSpec, sampled: dict[str, Any], metrics_path: str | 
         num_warmup_steps=spec.budget.num_warmup_steps,
         report_interval_s=spec.budget.report_interval_s,
         # a target sets the length; ASHA on steps compares and ends trials at num_steps
-        min_window_s=0.0 if target is not None else b.window_s(spec.scaling.use_gpu, steps_fixed),
+        min_window_s=min_window,
         max_window_s=window_box,
         max_warmup_s=warmup_box,
         loader_timeout_s=spec.budget.loader_timeout_s,

@@ -763,6 +763,17 @@ class SweepSpec(BaseModel):
                                  f"set num_trials: {len(points)}")
         return self
 
+    def trial_clock(self) -> tuple[float, float, float]:
+        """What the clock may do to every trial's length: (min_window_s, max_window_s, max_warmup_s), 0 where
+        off. A target sets the length itself; ASHA on steps compares and ends trials at num_steps; a quality
+        objective or constraint leaves the boxes off unless given (`BudgetSpec.window_s`, `time_box`)."""
+        if self.objective.target is not None:
+            return 0.0, 0.0, 0.0
+        es, use_gpu = self.search.early_stopping, self.scaling.use_gpu
+        steps_fixed = es is not None and es.grace_steps is not None
+        window, warmup = self.budget.time_box(use_gpu, steps_fixed, constrained=not self.objective.speed_only)
+        return self.budget.window_s(use_gpu, steps_fixed), window, warmup
+
     def max_loader_workers(self) -> int:
         """The most dataloader workers per rank any trial of the space can start."""
         return int(max(_param_values(self.space.num_dataloader_workers)))
