@@ -29,6 +29,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     shutil.rmtree(_AUTH_DIR, ignore_errors=True)
 
 
+# pid -> the test after which that Ray process was first seen: a leak names the test that left it.
+_FIRST_SEEN: dict[int, str] = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    yield
+    for pid in _ray_processes():  # ~10 ms a test
+        _FIRST_SEEN.setdefault(pid, item.nodeid)
+
+
 _RAY_MARKS = ("raylet", "gcs_server", "ray::", "default_worker.py", "dashboard/agent.py", "log_monitor.py",
               "runtime_env/agent", "ray/autoscaler", "dashboard.py")
 
@@ -63,7 +74,8 @@ def leaves_nothing_behind() -> Iterator[None]:
     deadline = time.monotonic() + 60  # Ray reaps its workers asynchronously after shutdown
     while (leaked := {p: c for p, c in _ray_processes().items() if p not in before}) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not leaked, f"Ray processes left behind by the tests: {leaked}"
+    named = {p: f"{c.strip()} (first seen after {_FIRST_SEEN.get(p, 'the last test')})" for p, c in leaked.items()}
+    assert not leaked, f"Ray processes left behind by the tests: {named}"
     assert _home_ray() == home_before, "the tests wrote to $HOME/.ray (point RAY_AUTH_TOKEN_PATH and temp dirs elsewhere)"
     import torch.distributed as dist
 
@@ -81,6 +93,7 @@ def ray_cluster() -> Iterator[None]:
     import ray
 
     from sweeps.resources import LEAN_TRAIN_ENV  # what `sweeps run` uses on a local cluster
+    from tests.reap import ray_node_pids, reap, tree
 
     temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths are length-limited
     # Workers can import test-only trainables (tests.faulty) from the repo, as a job's working dir would.
@@ -89,7 +102,9 @@ def ray_cluster() -> Iterator[None]:
     try:
         yield
     finally:
+        ours = tree(ray_node_pids())  # this cluster's nodes and the workers below them, listed while alive
         ray.shutdown()
+        reap(ours, 30, "the session's Ray cluster")
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 

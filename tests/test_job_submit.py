@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests.reap import reap, tree
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.ray
@@ -64,6 +66,7 @@ def head(tmp_path: Path, auth_token_path: Path) -> Iterator[dict[str, str]]:
         _wait_for_port(dash, 90)
         yield {"address": f"http://127.0.0.1:{dash}", "token_path": str(auth_token_path)}
     finally:
+        ours = tree([proc.pid])  # the head's nodes and the workers below them, listed while alive
         os.killpg(proc.pid, signal.SIGTERM)  # our own process group only
         try:
             proc.wait(timeout=60)
@@ -71,7 +74,7 @@ def head(tmp_path: Path, auth_token_path: Path) -> Iterator[dict[str, str]]:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
         log.close()
-        time.sleep(2)
+        reap(ours, 30, "the job head")
         import shutil
 
         shutil.rmtree(temp_dir, ignore_errors=True)

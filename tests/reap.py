@@ -1,0 +1,61 @@
+"""Stopping a Ray cluster a test started, through its own handle, and then its own process tree.
+
+Ray's shutdown stops the node processes (gcs, raylet, ...); their worker processes are meant to
+exit when they see their raylet gone. One CI run in several left a `ray::TrainController` worker
+running a minute after its cluster had stopped. So each cluster-owning fixture lists the processes
+below its own nodes just before it shuts them down, waits for them after, and kills only those that
+outlive the wait, saying so (never a pattern match over the machine's processes).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+
+import psutil
+
+
+def tree(roots: Iterable[int]) -> list[psutil.Process]:
+    """The processes below `roots` (and the roots), as handles that remember their start time."""
+    found: dict[int, psutil.Process] = {}
+    for pid in roots:
+        try:
+            root = psutil.Process(pid)
+            for p in [root, *root.children(recursive=True)]:
+                found[p.pid] = p
+        except psutil.Error:
+            continue
+    return list(found.values())
+
+
+def reap(procs: list[psutil.Process], grace_s: float, what: str) -> list[str]:
+    """Wait up to `grace_s` for `procs` to exit; kill the ones still running; return what was killed
+    (also written to stderr, so a test log shows it)."""
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    killed = []
+    for p in alive:
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            name = " ".join(p.cmdline())[:80]
+            p.kill()
+            killed.append(f"{p.pid} {name}")
+        except psutil.Error:
+            continue
+    if killed:
+        print(f"{what}: {len(killed)} process(es) outlived the cluster's shutdown by {grace_s:.0f} s and were "
+              f"killed: {killed}", file=sys.stderr, flush=True)
+    return killed
+
+
+def ray_node_pids() -> list[int]:
+    """The node processes (gcs, raylet, ...) this process's `ray.init()` started, if it started any."""
+    from ray._private import worker
+
+    node = getattr(worker, "_global_node", None)
+    if node is None:
+        return []
+    pids = []
+    for infos in node.all_processes.values():
+        pids += [info.process.pid for info in infos if info.process is not None]
+    return pids
