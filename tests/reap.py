@@ -10,6 +10,7 @@ outlive the wait, saying so (never a pattern match over the machine's processes)
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterable
 
 import psutil
@@ -28,15 +29,23 @@ def tree(roots: Iterable[int]) -> list[psutil.Process]:
     return list(found.values())
 
 
+def _running(p: psutil.Process) -> bool:
+    """Still running: a zombie has exited (nobody may reap an orphan's in a container without init)."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def reap(procs: list[psutil.Process], grace_s: float, what: str) -> list[str]:
     """Wait up to `grace_s` for `procs` to exit; kill the ones still running; return what was killed
     (also written to stderr, so a test log shows it)."""
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    deadline = time.monotonic() + grace_s
+    while (alive := [p for p in procs if _running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
     killed = []
     for p in alive:
         try:
-            if p.status() == psutil.STATUS_ZOMBIE:
-                continue
             name = " ".join(p.cmdline())[:80]
             p.kill()
             killed.append(f"{p.pid} {name}")
