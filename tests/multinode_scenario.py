@@ -1,12 +1,11 @@
 """Multi-node sweeps on one machine, in their own process (one Ray driver, one cluster for all phases).
 
 A head with no CPUs and two 2-CPU nodes (`ray.cluster_utils.Cluster`); every trial has 2 workers
-x 1 CPU, so a trial fills a node.
-- spread (warm groups): 2 trials at once must land on different nodes.
-- loss-warm, then loss-cold (`scaling.reuse_workers` true, then false): 2 trials at once; when both
-  are training, one node is removed: its trial must be retried or rescheduled on the other node,
-  nothing finished may be lost, and all resources must be free at the end. A new node replaces the
-  lost one between the two.
+x 1 CPU, so a trial fills a node. loss-warm, then loss-cold (`scaling.reuse_workers` true, then
+false): 2 trials at once; once both are training, each must hold a node of its own (every CPU of
+both nodes in use); then one node is removed: its trial must be retried or rescheduled on the other
+node, nothing finished may be lost, every run must say on which node it ran, and all resources must
+be free at the end. A new node replaces the lost one between the two.
 Writes result.json into argv[1]: one entry per phase.
 """
 
@@ -22,6 +21,7 @@ from pathlib import Path
 import psutil
 import ray
 from mlflow.tracking import MlflowClient
+from ray._private.state import available_resources_per_node, total_resources_per_node
 from ray.cluster_utils import Cluster
 
 from sweeps.runner import run_sweep
@@ -58,14 +58,21 @@ def node_ids(outcome: object) -> list[str]:
     return sorted({client.get_run(t.run_id).data.tags.get("device/ray_node_id", "?") for t in outcome.trials})  # type: ignore[attr-defined]
 
 
-def remove_a_node_once_both_train(experiment: str, removed: threading.Event) -> None:
-    """Wait until both trials of the sweep have reported training metrics, then drop a node."""
+known_nodes: set[str] = set()  # every node that was ever part of the cluster
+
+
+def remove_a_node_once_both_train(experiment: str, removed: threading.Event, busy: dict) -> None:
+    """Wait until both trials of the sweep have reported training metrics, note the CPUs in use on
+    each worker node, then drop a node."""
     while True:
         exp = client.get_experiment_by_name(experiment) if DB.exists() else None
         runs = client.search_runs([exp.experiment_id], "metrics.`progress/steps` > 0") if exp else []
         if len(runs) >= 2:
             break
         time.sleep(0.5)
+    free = available_resources_per_node()
+    busy.update({n: total.get("CPU", 0) - free.get(n, {}).get("CPU", 0)
+                 for n, total in total_resources_per_node().items() if total.get("CPU", 0) > 0})
     cluster.remove_node(nodes[1])
     print(f"{experiment}: removed a node while both trials were training", flush=True)
     removed.set()
@@ -79,15 +86,16 @@ def settled() -> dict[str, float]:
 
 
 result: dict[str, dict] = {}
-spread, _ = sweep("spread", 1000, "true")  # warm: both groups take a trial at once
-result["spread"] = {"statuses": sorted(t.status for t in spread.trials), "nodes": node_ids(spread), **settled()}
 for reuse, name in (("true", "loss-warm"), ("false", "loss-cold")):
-    removed = threading.Event()
-    threading.Thread(target=remove_a_node_once_both_train, args=(name, removed), daemon=True).start()
+    removed, busy = threading.Event(), {}
+    known_nodes.update(n["NodeID"] for n in ray.nodes())
+    threading.Thread(target=remove_a_node_once_both_train, args=(name, removed, busy), daemon=True).start()
     outcome, _ = sweep(name, 1500, reuse)  # long enough that both trials train when the node goes
     exp = client.get_experiment_by_name(name)
     result[name] = {
         "statuses": sorted(t.status for t in outcome.trials),
+        "busy_cpus_per_node": sorted(busy.values()),
+        "nodes_named": all(n in known_nodes for n in node_ids(outcome)),
         "removed": removed.is_set(),
         "children": len(client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{outcome.parent_run_id}'")),
         **settled(),
