@@ -114,6 +114,14 @@ def crash_once(params: dict[str, Any], ctx: BuildContext) -> Workload:
     return workload
 
 
+def crash_once_or_hang(params: dict[str, Any], ctx: BuildContext) -> Workload:
+    """`params["fault"]`: "crash" is `crash_once` (marker `params["marker"]`), "hang" is `rank1_hangs`:
+    two faults in one sweep, one trial each."""
+    if params["fault"] == "hang":
+        return rank1_hangs(params, ctx)
+    return crash_once(params, ctx)
+
+
 class _DiskFullWhile(nn.Module):
     """Rank 0's `at`-th forward writes to /dev/full while the file `flag` exists: the kernel answers
     ENOSPC, as it does to any write on a full disk (a cache, a log, a checkpoint)."""

@@ -113,21 +113,27 @@ BOTH_MODES = pytest.mark.parametrize("reuse", ["true", "false"], ids=["warm", "c
 
 @pytest.mark.ray
 @BOTH_MODES
-def test_a_rank_crashing_once_resumes_from_the_last_checkpoint(ray_cluster: None, tmp_path: Path, reuse: str) -> None:
+def test_a_rank_crashing_once_resumes_from_the_last_checkpoint_and_a_hung_peer_fails_by_the_collective_timeout(
+        ray_cluster: None, tmp_path: Path, reuse: str) -> None:
     from mlflow.tracking import MlflowClient
 
     from sweeps.runner import run_sweep
     from sweeps.spec import parse_spec
 
-    text = (f"name: crash\ntrainable: {{name: 'tests.faulty:crash_once', params: {{marker: '{tmp_path / 'crashed'}'}}}}\n"
-            "budget: {num_trials: 1, num_steps: 20, num_warmup_steps: 2, checkpoint_every_steps: 5, max_retries: 1}\n"
+    # Two faults, a trial each, in one sweep (grid order): rank 1 crashes once, then rank 1 hangs.
+    text = (f"name: crash\ntrainable: {{name: 'tests.faulty:crash_once_or_hang', params: {{marker: '{tmp_path / 'crashed'}'}}}}\n"
+            "space: {params.fault: {type: categorical, choices: [crash, hang]}}\nsearch: {algorithm: grid}\n"
+            "budget: {num_trials: 2, num_steps: 20, num_warmup_steps: 2, checkpoint_every_steps: 5, max_retries: 1,\n"
+            "         collective_timeout_s: 3}\n"
             f"scaling: {{reuse_workers: {reuse}}}\n"
             f"tracking: {{uri: 'sqlite:///{tmp_path / 'mlflow.db'}'}}\nstorage_path: {tmp_path / 'r'}\n")
+    t0 = time.monotonic()
     outcome = run_sweep(parse_spec(text), text, echo=lambda _: None)
     assert (tmp_path / "crashed").exists()  # the fault fired
-    [trial] = outcome.trials
-    assert trial.status == "ok", trial.reason
-    run = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(trial.run_id)
+    trials = {t.params["workload.fault"]: t for t in outcome.trials}
+    crashed, hung = trials["crash"], trials["hang"]
+    assert crashed.status == "ok", crashed.reason
+    run = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(crashed.run_id)
     # Rank 1 died at its 15th forward = measured step 13. The retry resumes from the last checkpoint
     # Ray Train's controller had registered by then: step 10, or 5 if the step-10 report was still
     # in flight (the controller drains reports every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S).
@@ -135,6 +141,10 @@ def test_a_rank_crashing_once_resumes_from_the_last_checkpoint(ray_cluster: None
     assert run.data.metrics["throughput/samples_per_s"] > 0 and "loss/val" in run.data.metrics
     # disk: only the latest checkpoint is kept while a trial runs, none once it is over
     assert not [p for p in (tmp_path / "r" / "crash" / "trials").rglob("checkpoint_*") if p.is_dir()]
+    # The hung peer: rank 0 waits in DDP's all-reduce until the 3 s process-group timeout fails the
+    # trial (not retried: not a crash); no process is left (conftest checks)
+    assert hung.status == "error" and "rank 0" in hung.reason and "imed out" in hung.reason, hung.reason
+    assert time.monotonic() - t0 < 180
 
 
 @pytest.mark.ray
@@ -195,21 +205,3 @@ def test_a_full_disk_on_the_driver_says_so_and_how_to_resume(tmp_path: Path, mon
     assert main(["run", str(tmp_path / "s.yaml")]) == EXIT_UNFINISHED
     err = capsys.readouterr().err
     assert "the disk is full (No space left on device" in err and f"sweeps resume full --storage-path {tmp_path / 'r'}" in err
-
-
-@pytest.mark.ray
-@BOTH_MODES
-def test_a_hung_peer_under_ray_fails_the_trial_by_the_collective_timeout(ray_cluster: None, tmp_path: Path,
-                                                                        reuse: str) -> None:
-    from sweeps.runner import run_sweep
-    from sweeps.spec import parse_spec
-
-    text = ("name: hung\ntrainable: {name: 'tests.faulty:rank1_hangs'}\n"
-            "budget: {num_trials: 1, num_steps: 20, num_warmup_steps: 2, collective_timeout_s: 3, max_retries: 0}\n"
-            f"scaling: {{reuse_workers: {reuse}}}\n"
-            f"tracking: {{uri: 'sqlite:///{tmp_path / 'mlflow.db'}'}}\nstorage_path: {tmp_path / 'r'}\n")
-    t0 = time.monotonic()
-    outcome = run_sweep(parse_spec(text), text, echo=lambda _: None)
-    [trial] = outcome.trials
-    assert trial.status == "error" and "rank 0" in trial.reason and "imed out" in trial.reason, trial.reason
-    assert time.monotonic() - t0 < 120  # the 3 s timeout, not the hang, ends it (no process left: conftest checks)
