@@ -89,8 +89,23 @@ def _leaves(exc: BaseException, rank: int | None = None) -> Iterator[tuple[int |
         yield from _leaves(cause, rank)
 
 
+# torch re-raises an error from a DataLoader worker's __getitem__ as "Caught <Type> in DataLoader worker
+# process N.\nOriginal Traceback ...": the dataset's own error, not the loader's (no shared-memory hint).
+_CAUGHT = re.compile(r"Caught (\w+) in DataLoader worker process (\d+)")
+
+
+def _loader_died(exc: BaseException) -> bool:
+    """A loader worker process died (killed, exited) or hung past the loader timeout."""
+    text = str(exc)
+    return not _CAUGHT.search(text) and ("DataLoader worker" in text or "DataLoader timed out" in text)
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
+    if caught := _CAUGHT.search(text):  # the original error is the traceback's last line
+        last = [line.strip() for line in text.splitlines() if line.strip()][-1]
+        last = last.removeprefix(f"{caught[1]}:").strip() or last
+        return f"{last[:250]} (raised by the dataset in DataLoader worker process {caught[2]})"
     return text.splitlines()[0][:300]
 
 
@@ -105,7 +120,7 @@ def classify(exc: BaseException) -> tuple[str, str]:
         ("oom", _oom),
         ("diverged", lambda e: isinstance(e, DivergedError)),
         ("disk_full", _disk_full),
-        ("dataloader", lambda e: "DataLoader worker" in str(e) or "DataLoader timed out" in str(e)),
+        ("dataloader", _loader_died),
         ("crash", lambda e: type(e).__name__ in _CRASH_NAMES),
     )
     for kind, match in rules:

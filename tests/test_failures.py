@@ -43,6 +43,31 @@ def test_classify_worker_group_errors(failures: dict[int, BaseException], kind: 
     assert got_reason.startswith(reason) and "\n" not in got_reason
 
 
+class _BadItem:
+    """A dataset whose items cannot be decoded: the user's error, raised inside a loader worker."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> Any:
+        raise KeyError(f"no label for item {i}")
+
+
+def test_a_datasets_own_error_out_of_a_loader_worker_is_the_users_not_the_loaders() -> None:
+    import torch.utils.data as tud
+
+    with pytest.raises(KeyError) as info:  # torch re-raises it as the same type, traceback as text
+        next(iter(tud.DataLoader(_BadItem(), num_workers=1)))
+    kind, reason = classify(FakeWorkerGroupError({1: info.value}))
+    assert kind == "error", reason
+    assert reason == "rank 1: KeyError: 'no label for item 0' (raised by the dataset in DataLoader worker process 0)", reason
+    assert "shared memory" not in reason and "\n" not in reason
+    # a loader worker that died or hung is still the loader's
+    died = RuntimeError("DataLoader worker (pid(s) 4242) exited unexpectedly")
+    assert classify(FakeWorkerGroupError({0: died}))[0] == "dataloader"
+    assert classify(FakeWorkerGroupError({0: RuntimeError("DataLoader timed out after 3 seconds")}))[0] == "dataloader"
+
+
 def test_specific_kind_wins_over_generic_on_any_rank() -> None:
     kind, reason = classify(FakeWorkerGroupError({0: ValueError("peer gone"), 1: OutOfMemoryError("oom")}))
     assert (kind, reason.split(":")[0]) == ("oom", "rank 1")
