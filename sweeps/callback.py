@@ -150,7 +150,8 @@ class SweepCallback(tune.Callback):
     def _finish(self, trial_id: str, status: str, reason: str) -> None:
         self._ended.add(trial_id)
         if trial_id in self._began:
-            self._cost[trial_id] = time.time() - max(self._began[trial_id], self._pool_began_at(trial_id))
+            began, ended = self._pool_span(trial_id)
+            self._cost[trial_id] = (ended or time.time()) - max(self._began[trial_id], began or 0.0)
         if self.queue is not None:  # Tune ended it: a warm group still running (or queueing) it stops
             self.queue.cancel.remote(trial_id)
         row = self.rows[trial_id]
@@ -174,15 +175,17 @@ class SweepCallback(tune.Callback):
             self.echo(f"out of memory at batch_size={knobs['batch_size']} with {oom_label(knobs)}: "
                       "no batch this large or larger will be tried with those settings")
 
-    def _pool_began_at(self, trial_id: str) -> float:
-        """When a warm group's trial began costing (`Queue.began_at`; 0 without a pool): the first trial's
-        Tune actor and group start-up are the sweep's, so the ETA leaves them out."""
+    def _pool_span(self, trial_id: str) -> tuple[float | None, float | None]:
+        """When a warm group's trial began and ended costing (`Queue.span`; nothing without a pool): the
+        first trial's Tune actor and group start-up, and the way of a final report to this driver, are
+        the sweep's, so the ETA leaves them out."""
         if self.queue is None:
-            return 0.0
+            return None, None
         try:
-            return float(ray.get(self.queue.began_at.remote(trial_id), timeout=10) or 0.0)
+            began, ended = ray.get(self.queue.span.remote(trial_id), timeout=10)
+            return began, ended
         except Exception:  # noqa: BLE001 - only the ETA depends on it
-            return 0.0
+            return None, None
 
     def _count_failure(self, status: str, reason: str) -> None:
         """Circuit breaker: the same error N times in a row will not fix itself (e.g. an ImportError)."""

@@ -33,6 +33,7 @@ from typing import Any
 import ray
 
 from sweeps.spec import SweepSpec
+from trainables.contract import FINAL
 from trainables.contract import POOL_CLOSED as CLOSED
 from trainables.contract import POOL_RESIZE as RESIZE
 
@@ -59,6 +60,7 @@ class Queue:
         self._resizing: dict[int, int] = {}  # slot -> the size its next group is started with
         self._began: dict[str, float] = {}  # trial -> when it was submitted, or taken if it had to wait for a group
         self._waited: set[str] = set()  # trials submitted while no group that takes them was waiting
+        self._ended: dict[str, float] = {}  # trial -> when its group posted its final report
         self._closed = False
 
     # -- the Tune trial's side ---------------------------------------------------------------
@@ -70,6 +72,7 @@ class Queue:
             self._decided.pop(trial_id, None)
             self._pending.append((trial_id, config, resume_from, checkpoint_dir))
             self._began[trial_id] = time.time()
+            self._ended.pop(trial_id, None)
             self._waited.discard(trial_id)
             size = _size(self._pending[-1])
             if not any(s == 0 or size in (0, s) for s in self._idle.values()):
@@ -119,12 +122,15 @@ class Queue:
             finally:
                 self._idle.pop(slot, None)
 
-    def began_at(self, trial_id: str) -> float | None:
-        """When the trial's own cost began (`time.time()`): its submission by its Tune trial (after that
-        actor started), or when a group took it if it had to wait for one to start (the first trial of a
-        sweep, a resize): the group's start-up is the sweep's cost, not a trial's."""
+    def span(self, trial_id: str) -> tuple[float | None, float | None]:
+        """When the trial's own cost began and ended (`time.time()`). Began: its submission by its Tune
+        trial (after that actor started), or when a group took it if it had to wait for one to start
+        (the first trial of a sweep, a resize): the group's start-up is the sweep's cost, not a trial's.
+        Ended: when its group posted the final report (None before): the way on to the driver costs
+        the first report of a sweep ~1 s once (first calls in Ray and Tune) and ~5 ms after, so it is
+        no trial's cost either."""
         with self._cv:
-            return self._began.get(trial_id)
+            return self._began.get(trial_id), self._ended.get(trial_id)
 
     def _mine(self, size: int) -> tuple[str, dict[str, Any], str | None, str] | None:
         return next((p for p in self._pending if size == 0 or _size(p) in (0, size)), None)
@@ -151,6 +157,8 @@ class Queue:
         """Record a report; True when the trial was cancelled (its ranks stop)."""
         with self._cv:
             self._events.setdefault(trial_id, []).append(event)
+            if event.get("metrics", {}).get(FINAL) == 1:
+                self._ended[trial_id] = time.time()
             self._cv.notify_all()
             return trial_id in self._cancelled or self._closed
 

@@ -53,15 +53,20 @@ def test_a_group_that_dies_before_taking_a_trial_charges_the_next_waiting_one() 
     assert q.take(0, 0)[0] == "b" and q.events("b", 0, 0) == []
 
 
-def test_a_trials_cost_begins_when_a_group_took_it_only_if_it_waited_for_one(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_trials_cost_begins_when_a_group_took_it_only_if_it_waited_for_one_and_ends_at_its_final_report(
+        monkeypatch) -> None:  # type: ignore[no-untyped-def]
     import sweeps.pool
 
-    clock = iter([100.0, 150.0, 200.0, 260.0])  # submit 1, take 1 (the group came up), submit 2, take 2
+    # submit 1, take 1 (the group came up), final report 1, submit 2, take 2
+    clock = iter([100.0, 150.0, 157.0, 200.0, 260.0])
     monkeypatch.setattr(sweeps.pool.time, "time", lambda: next(clock))
     q = Queue()
     q.submit("first", {}, None, "/tmp")  # no group is waiting yet: the first trial waits for one to start
     assert q.take(0, 1.0)[0] == "first"
-    assert q.began_at("first") == 150.0  # the group's start-up is the sweep's, not the trial's
+    assert q.span("first") == (150.0, None)  # the group's start-up is the sweep's, not the trial's
+    q.post("first", {"metrics": {"progress/steps": 3}})  # a progress report ends nothing (and reads no clock)
+    q.post("first", {"metrics": {"progress/final": 1}})
+    assert q.span("first") == (150.0, 157.0)  # its way on to the driver is not the trial's cost either
     taken: list[object] = []
     waiting = threading.Thread(target=lambda: taken.append(q.take(0, 10.0)))
     waiting.start()  # the group waits in take() when the next trial comes
@@ -72,4 +77,4 @@ def test_a_trials_cost_begins_when_a_group_took_it_only_if_it_waited_for_one(mon
     q.submit("second", {}, None, "/tmp")
     waiting.join(timeout=10)
     assert taken and taken[0][0] == "second"  # type: ignore[index]
-    assert q.began_at("second") == 200.0  # a group was waiting: its cost begins at its submission
+    assert q.span("second") == (200.0, None)  # a group was waiting: its cost begins at its submission
