@@ -26,7 +26,7 @@ from sweeps.resources import DRIVER_RESOURCES, concurrency_note, local_runtime_e
 from sweeps.search import make_scheduler, make_searcher, release, shared
 from sweeps.sol import SpeedOfLight
 from sweeps.spec import SweepSpec
-from sweeps.state import SweepState, experiment_dir, resume_command
+from sweeps.state import SweepExists, SweepState, experiment_dir, resume_command
 from sweeps.tracking import SweepTracker
 from sweeps.trial import run_trial
 from sweeps.verdict import revise_verdicts
@@ -52,6 +52,12 @@ def run_sweep(spec: SweepSpec, spec_text: str, echo: Callable[[str], None] = ech
     # Before Ray starts: a dead MLflow server fails here, in seconds (SweepTracker checks it).
     tracker = SweepTracker(spec.tracking.resolved_uri(), spec.tracking.experiment or spec.name,
                            experiment_dir(spec) / "mlflow-pending.jsonl")
+    if state is not None and not tracker.has_run(state.parent_run_id):
+        # e.g. its mlflow.db was deleted to start afresh: resuming would fail at the first trial
+        raise SweepExists(f"the sweep {spec.name} in {experiment_dir(spec)} was tracked as MLflow run "
+                          f"{state.parent_run_id} at {spec.tracking.resolved_uri()}, which that store no longer has "
+                          "(was it deleted, or tracking.uri changed?). Run the sweep with --restart to start it "
+                          "afresh (the old folder is moved aside), or point tracking.uri at the store that has it")
     started_ray = not ray.is_initialized()
     if started_ray:
         ray.init(runtime_env=local_runtime_env())

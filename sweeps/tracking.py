@@ -171,6 +171,19 @@ class SweepTracker:
         self._describe_experiment(f"running since {started}; its answer replaces this line when it ends.")
         return self.parent_id
 
+    def has_run(self, run_id: str) -> bool:
+        """Whether the store holds the run (False only when it says it does not)."""
+        from mlflow.exceptions import MlflowException
+        from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
+
+        try:
+            self.client.get_run(run_id)
+            return True
+        except MlflowException as exc:
+            if exc.error_code == ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
+                return False
+            raise
+
     def resume_sweep(self, parent_id: str) -> list[Any]:
         """Reattach to a sweep's parent run; returns its child runs (one per trial, by tag)."""
         parent = self.client.get_run(parent_id)

@@ -109,3 +109,19 @@ def test_resume_of_an_unknown_sweep_lists_the_known_ones(tmp_path: Path, capsys:
     assert main(["resume", "nope", "--storage-path", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert "no sweep named 'nope'" in err and "sweeps there: resumable" in err
+
+
+def test_a_sweep_whose_mlflow_run_is_gone_says_so_before_anything_runs(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    # A user deleted mlflow.db to start afresh, the sweep's folder is still there: resuming it would
+    # fail at the first trial with MLflow's "Run with id=... not found"; say what happened and the fix.
+    text = SPEC.format(steps=10, db=tmp_path / "mlflow.db", storage=tmp_path / "r", reuse="true")
+    exp_dir = tmp_path / "r" / "resumable"
+    SweepState(text, "tok", "4258cafd91964445b3d1118f0beb6ca8", f"sqlite:///{tmp_path / 'mlflow.db'}").write(exp_dir)
+    (exp_dir / "tuner.pkl").write_bytes(b"")  # Ray Tune had saved its state
+    (tmp_path / "spec.yaml").write_text(text)
+    assert main(["run", str(tmp_path / "spec.yaml")]) == 2  # refused before Ray starts
+    err = capsys.readouterr().err
+    assert "was tracked as MLflow run 4258cafd91964445b3d1118f0beb6ca8" in err and "no longer has" in err, err
+    assert "--restart" in err and "Traceback" not in err
+    assert (exp_dir / STATE_FILE).exists()  # nothing was moved or lost
