@@ -121,6 +121,8 @@ def classify(exc: BaseException) -> tuple[str, str]:
         ("diverged", lambda e: isinstance(e, DivergedError)),
         ("disk_full", _disk_full),
         ("dataloader", _loader_died),
+        # the dataset's own error in a loader worker wins over its peers' (a collective left waiting)
+        ("error", lambda e: _CAUGHT.search(str(e)) is not None),
         ("crash", lambda e: type(e).__name__ in _CRASH_NAMES),
     )
     for kind, match in rules:

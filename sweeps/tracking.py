@@ -172,13 +172,12 @@ class SweepTracker:
         return self.parent_id
 
     def has_run(self, run_id: str) -> bool:
-        """Whether the store holds the run (False only when it says it does not)."""
+        """Whether the store holds the run, not deleted (False only when it says so)."""
         from mlflow.exceptions import MlflowException
         from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
 
         try:
-            self.client.get_run(run_id)
-            return True
+            return bool(self.client.get_run(run_id).info.lifecycle_stage != "deleted")
         except MlflowException as exc:
             if exc.error_code == ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
                 return False

@@ -73,7 +73,11 @@ def make_group_trainer(spec: SweepSpec, queue: Any, slot: int, name: str, storag
     workers included) for as long as it lives."""
     from trainables.pool_worker import WORKDIR, pool_worker
 
-    return _torch_trainer(pool_worker, {"queue": queue, "slot": slot, "group": name, WORKDIR: workdir}, spec.scaling,
+    # An idle group's ranks wait together, one short poll at a time: well inside the process-group
+    # timeout, or a short budget.collective_timeout_s would end an idle group (rank 1 waits in a broadcast)
+    poll_s = min(2.0, spec.budget.collective_timeout_s / 4)
+    return _torch_trainer(pool_worker, {"queue": queue, "slot": slot, "group": name, WORKDIR: workdir,
+                                        "idle_poll_s": poll_s}, spec.scaling,
                           num_workers or spec.first_workers(), spec.scaling.cpus_per_rank(spec.max_loader_workers()),
                           spec.budget.collective_timeout_s, name, storage_path, callbacks=[])
 

@@ -36,7 +36,10 @@ _FIRST_SEEN: dict[int, str] = {}
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
     yield
-    for pid in _ray_processes():  # ~10 ms a test
+    now = _ray_processes()  # ~10 ms a test
+    for pid in [p for p in _FIRST_SEEN if p not in now]:  # gone: a later process with its pid is another
+        del _FIRST_SEEN[pid]
+    for pid in now:
         _FIRST_SEEN.setdefault(pid, item.nodeid)
 
 

@@ -2,8 +2,8 @@
 
 A head with no CPUs and two 2-CPU nodes (`ray.cluster_utils.Cluster`); every trial has 2 workers
 x 1 CPU, so a trial fills a node. loss-warm, then loss-cold (`scaling.reuse_workers` true, then
-false): 2 trials at once; once both are training, each must hold a node of its own (every CPU of
-both nodes in use); then one node is removed: its trial must be retried or rescheduled on the other
+false): 2 trials at once; once both are training, every CPU of both worker nodes must be in use (the
+two trials at once, across the nodes); then one node is removed: its trial must be retried or rescheduled on the other
 node, nothing finished may be lost, every run must say on which node it ran, and all resources must
 be free at the end. A new node replaces the lost one between the two.
 Writes result.json into argv[1]: one entry per phase.
@@ -73,7 +73,11 @@ def remove_a_node_once_both_train(experiment: str, removed: threading.Event, bus
     free = available_resources_per_node()
     busy.update({n: total.get("CPU", 0) - free.get(n, {}).get("CPU", 0)
                  for n, total in total_resources_per_node().items() if total.get("CPU", 0) > 0})
+    # its processes, listed while they run: their raylet goes with the node, so they leave the tree
+    doomed = tree(info.process.pid for infos in nodes[1].all_processes.values() for info in infos
+                  if info.process is not None and info.process.poll() is None)
     cluster.remove_node(nodes[1])
+    reap(doomed, 30, f"{experiment}: the removed node")
     print(f"{experiment}: removed a node while both trials were training", flush=True)
     removed.set()
 

@@ -66,5 +66,5 @@ def ray_node_pids() -> list[int]:
         return []
     pids = []
     for infos in node.all_processes.values():
-        pids += [info.process.pid for info in infos if info.process is not None]
+        pids += [info.process.pid for info in infos if info.process is not None and info.process.poll() is None]
     return pids

@@ -62,6 +62,9 @@ def test_a_datasets_own_error_out_of_a_loader_worker_is_the_users_not_the_loader
     assert kind == "error", reason
     assert reason == "rank 1: KeyError: 'no label for item 0' (raised by the dataset in DataLoader worker process 0)", reason
     assert "shared memory" not in reason and "\n" not in reason
+    # ...also when its peer failed too, waiting in a collective for it
+    peer = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer")
+    assert classify(FakeWorkerGroupError({0: peer, 1: info.value})) == (kind, reason)
     # a loader worker that died or hung is still the loader's
     died = RuntimeError("DataLoader worker (pid(s) 4242) exited unexpectedly")
     assert classify(FakeWorkerGroupError({0: died}))[0] == "dataloader"

@@ -32,7 +32,7 @@ def test_trials_spread_over_nodes_and_survive_a_node_loss_on_warm_groups_and_col
     r = json.loads((tmp_path / "result.json").read_text())
     for phase in ("loss-warm", "loss-cold"):  # scaling.reuse_workers true, then false
         p = r[phase]
-        assert p["busy_cpus_per_node"] == [2, 2], (phase, p)  # both trials at once, a node each
+        assert p["busy_cpus_per_node"] == [2, 2], (phase, p)  # both trials at once, across both nodes
         assert p["nodes_named"], (phase, p)  # each run's device/ray_node_id is one of the cluster's nodes
         assert p["removed"], (phase, said[-4000:])
         assert p["statuses"] == ["ok", "ok"], (phase, p)  # the trial on the lost node was retried elsewhere

@@ -137,14 +137,14 @@ class QueueReporter:
             raise TrialCancelled(f"trial {self.trial_id} was stopped by the sweep")
 
 
-def _next_item(queue: Any, slot: int, rank: int, world: int, device: torch.device) -> Any:
+def _next_item(queue: Any, slot: int, rank: int, world: int, device: torch.device, poll_s: float = 2.0) -> Any:
     """The next trial for a group of this size (or CLOSED, or RESIZE). Every rank loops together, one
     short wait at a time: an idle group never sits in one collective for longer than the process-group
     timeout."""
     import ray
 
     while True:
-        item = ray.get(queue.take.remote(slot, 2.0, world)) if rank == 0 else None
+        item = ray.get(queue.take.remote(slot, poll_s, world)) if rank == 0 else None
         if world > 1:
             box = [item]
             dist.broadcast_object_list(box, src=0, device=device if device.type == "cuda" else None)
@@ -185,7 +185,7 @@ def pool_worker(config: dict[str, Any]) -> None:
     reset_between_trials(device)  # its first call imports torch's compiler stack (~1 s): the group's start-up, not a trial's
     served = 0
     while True:
-        item = _next_item(queue, slot, rank, world, device)
+        item = _next_item(queue, slot, rank, world, device, float(config.get("idle_poll_s", 2.0)))
         if item in (CLOSED, RESIZE):  # the sweep is over, or its waiting trials need another number of ranks
             return
         trial_id, cfg_dict, resume_from, checkpoint_dir = item
