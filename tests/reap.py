@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
+import warnings
 from collections.abc import Iterable
 
 import psutil
@@ -39,7 +40,7 @@ def _running(p: psutil.Process) -> bool:
 
 def reap(procs: list[psutil.Process], grace_s: float, what: str) -> list[str]:
     """Wait up to `grace_s` for `procs` to exit; kill the ones still running; return what was killed
-    (also written to stderr, so a test log shows it)."""
+    (also said on stderr and as a warning, so a test log shows it)."""
     deadline = time.monotonic() + grace_s
     while (alive := [p for p in procs if _running(p)]) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -51,9 +52,10 @@ def reap(procs: list[psutil.Process], grace_s: float, what: str) -> list[str]:
             killed.append(f"{p.pid} {name}")
         except psutil.Error:
             continue
-    if killed:
-        print(f"{what}: {len(killed)} process(es) outlived the cluster's shutdown by {grace_s:.0f} s and were "
-              f"killed: {killed}", file=sys.stderr, flush=True)
+    if killed:  # said twice: a subprocess's stderr reaches its test's output, a warning pytest's summary
+        said = f"{what}: {len(killed)} process(es) outlived the cluster's shutdown by {grace_s:.0f} s and were killed: {killed}"
+        print(said, file=sys.stderr, flush=True)
+        warnings.warn(said, stacklevel=2)
     return killed
 
 
