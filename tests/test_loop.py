@@ -43,6 +43,10 @@ def test_image_cnn_loss_falls_and_metrics_are_reported(data_dir: Path) -> None:
     assert final[contract.throughput_key("samples")] > 0
     assert 0 <= final[contract.DATA_WAIT_PCT] <= 100
     assert final[contract.STEPS] == 24 and final["device/type"] == "cpu"
+    # plain values only: a report crosses to the sweep's queue and driver, which never import torch (a
+    # TorchVersion there cost each sweep ~2 s of imports on its first report)
+    odd = {k: type(v) for r in rep.reports for k, v in r.items() if type(v) not in (int, float, str, bool)}
+    assert not odd, odd
     assert len(list(Path(data_dir).glob("image-cnn-*-s16-n256-64-seed0/train/*.png"))) == 256  # real files on disk (this config)
 
 

@@ -38,7 +38,7 @@ def device_facts(device: torch.device) -> dict[str, str]:
         "device/type": device.type,
         "device/cpu": cpu_model(),
         "device/cpu_isa": cpu_isa_flags(),
-        "device/torch": torch.__version__,
+        "device/torch": str(torch.__version__),  # a plain str: a TorchVersion unpickles only where torch imports (~1 s)
     }
     if device.type == "cuda":
         facts["device/name"] = torch.cuda.get_device_name(device)

@@ -301,7 +301,7 @@ def host_facts(storage_path: str, shm_path: str = "/dev/shm") -> tuple[dict[str,
     facts: dict[str, Any] = {"host/name": socket.gethostname(), "host/cpu": cpu_model(), "host/cpu_isa": cpu_isa_flags(),
                              "host/cores": os.cpu_count() or 0, "host/cores_usable": len(os.sched_getaffinity(0)),
                              "host/memory_gib": round(psutil.virtual_memory().total / _GIB, 1),
-                             "host/python": platform.python_version(), "host/torch": torch.__version__}
+                             "host/python": platform.python_version(), "host/torch": str(torch.__version__)}
     isa = facts["host/cpu_isa"].split()
     facts["host/amx"] = "amx_bf16" in isa
     facts["host/avx512_bf16"] = "avx512_bf16" in isa
