@@ -64,7 +64,7 @@ def main() -> None:
                                  "candidates_tried": tried, "n": len(CHOICES), "budget": budget})
                     out.append([str(limit), precision, str(truth), str(found), f"{tried} (<= {budget})"])
         finally:
-            pool.close()
+            pool.join()
     finally:
         ray.shutdown()
     print(table(["limit", "precision", "true frontier", "found", "candidates tried"], out))

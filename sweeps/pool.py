@@ -268,10 +268,14 @@ class WarmPool:
         self.runs = [s.run.remote(self.queue, i, spec, storage_path, f"{spec.name}-warm", workdir)
                      for i, s in enumerate(self.supervisors)]
 
-    def close(self, timeout_s: float = 30.0) -> int:
-        """Ask every group to finish and wait for them (a group still waiting for resources, e.g.
-        the replacement of one lost with its node, is stopped); returns how many groups were started."""
+    def close(self) -> None:
+        """Ask every group to finish (their Ray Train runs wind down meanwhile: see `join`)."""
         ray.get(self.queue.close.remote())
+
+    def join(self, timeout_s: float = 30.0) -> int:
+        """Close the pool and wait for its groups (a group still waiting for resources, e.g. the
+        replacement of one lost with its node, is stopped); returns how many groups were started."""
+        self.close()
         ready, _ = ray.wait(self.runs, num_returns=len(self.runs), timeout=timeout_s)
         started = sum(ray.get(ready)) if ready else 0
         for actor in [*self.supervisors, self.queue]:

@@ -146,60 +146,73 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
         tuner.fit()
         ok = True
     finally:
-        groups = pool.close() if pool is not None else 0
-        this_run = [r for r in callback.rows.values() if r.trial_id in callback.started()]
-        echo(overhead_line(this_run, time.monotonic() - t0, groups if pool is not None else None, probe_s))
-        _LIVE.pop(token, None)
-        tripped = shared(token).tripped
-        release(token)
-        # Tune stopped early (a halt, Ctrl+C) and kept its unfinished trials for resume; or it failed.
-        interrupted = "" if ok and not callback.unfinished() else (
-            f"halted: {callback.halted}" if callback.halted else "the sweep was interrupted before it finished")
-        for row in callback.rows.values():
-            if row.status not in UNFINISHED:
-                continue
-            if interrupted:
-                row.status, row.reason = "interrupted", row.reason or interrupted
-            else:  # Tune never recorded it (the driver died between starting it and saving its state)
-                row.status, row.reason = "lost", "the sweep driver died before Tune recorded this trial; another ran in its place"
-            tracker.trial_ended(row.trial_id, False, row.status, row.reason, {})
-        outcome = SweepOutcome(spec, parent, uri, sorted(callback.rows.values(), key=lambda r: r.number),
-                               time.monotonic() - t0, tripped, interrupted)
-        quality_note, quality_updates = annotate(outcome)  # guardrail and predicted time to target: across trials
-        for run_id, tags in revise_verdicts(outcome).items():  # next steps another trial measured worse: cited
-            metrics, logged = quality_updates.get(run_id, ({}, {}))
-            quality_updates[run_id] = (metrics, {**logged, **tags})
-        best = outcome.best
-        metrics = {spec.objective.primary: float(best.metrics[spec.objective.primary])} if best else {}
-        tags = {"sweep.trials_ok": str(len(outcome.ranked())), "sweep.trials_total": str(len(outcome.trials)),
-                **probe_tags}
-        if tripped:
-            tags["sweep.stopped"] = tripped[:5000]
-        if interrupted:
-            tags["sweep.interrupted"] = interrupted[:5000]
-        if best is not None and best.run_id:
-            tags["sweep.best_run_id"] = best.run_id
-        tags["sweep.quality_guardrail"] = quality_note
-        if quality_updates and not tracker.pending:
-            try:
-                log_updates(tracker.client, quality_updates)
-            except Exception as exc:  # noqa: BLE001 - the trials are done; say what was not recorded
-                echo(f"WARNING: could not log the sweep-level figures (quality, revised verdicts) to MLflow ({type(exc).__name__}: {exc})")
-        if not tracker.flush():
-            path = tracker.dump_pending()
-            echo(f"WARNING: MLflow stayed unreachable ({tracker.degraded_reason}); {len(tracker.pending)} tracking "
-                 f"calls were not logged and are saved in {path}")
-            tags["sweep.tracking"] = f"degraded: {len(tracker.pending)} calls saved in {path}"
+        wall = time.monotonic() - t0
+        if pool is not None:  # its groups wind down (~1.5 s of Ray Train teardown) while the results are written
+            pool.close()
         try:
-            tracker.end_sweep("KILLED" if interrupted else "FINISHED", metrics, tags)
-            tracker.set_note(sweep_note(outcome))  # the run's description in the UI: the answer, in words
-        except Exception as exc:  # noqa: BLE001 - the trials are done; say what was not recorded
-            echo(f"WARNING: could not close the MLflow parent run ({type(exc).__name__}: {exc})")
+            outcome = _conclude(spec, callback, tracker, echo, token, parent, uri, ok, wall, probe_tags)
+        finally:
+            groups = pool.join() if pool is not None else None
+            this_run = [r for r in callback.rows.values() if r.trial_id in callback.started()]
+            echo(overhead_line(this_run, wall, groups, probe_s))
+            TERMINAL.close()  # the live status line gives way to the final output
+    return outcome
+
+
+def _conclude(spec: SweepSpec, callback: SweepCallback, tracker: SweepTracker, echo: Callable[[str], None],
+              token: str, parent: str, uri: str, ok: bool, wall: float, probe_tags: dict[str, str]) -> SweepOutcome:
+    """The trials are over (or the sweep was stopped): settle the unfinished ones, write the sweep-level
+    figures and the parent run's answer to MLflow, and publish the report."""
+    _LIVE.pop(token, None)
+    tripped = shared(token).tripped
+    release(token)
+    # Tune stopped early (a halt, Ctrl+C) and kept its unfinished trials for resume; or it failed.
+    interrupted = "" if ok and not callback.unfinished() else (
+        f"halted: {callback.halted}" if callback.halted else "the sweep was interrupted before it finished")
+    for row in callback.rows.values():
+        if row.status not in UNFINISHED:
+            continue
         if interrupted:
-            echo(f"the sweep did not finish ({interrupted}); continue it with: {resume_command(spec)}")
-        if outcome.trials and not tracker.pending:
-            _publish_report(outcome, tracker, echo)
-        TERMINAL.close()  # the live status line gives way to the final output
+            row.status, row.reason = "interrupted", row.reason or interrupted
+        else:  # Tune never recorded it (the driver died between starting it and saving its state)
+            row.status, row.reason = "lost", "the sweep driver died before Tune recorded this trial; another ran in its place"
+        tracker.trial_ended(row.trial_id, False, row.status, row.reason, {})
+    outcome = SweepOutcome(spec, parent, uri, sorted(callback.rows.values(), key=lambda r: r.number),
+                           wall, tripped, interrupted)
+    quality_note, quality_updates = annotate(outcome)  # guardrail and predicted time to target: across trials
+    for run_id, tags in revise_verdicts(outcome).items():  # next steps another trial measured worse: cited
+        metrics, logged = quality_updates.get(run_id, ({}, {}))
+        quality_updates[run_id] = (metrics, {**logged, **tags})
+    best = outcome.best
+    metrics = {spec.objective.primary: float(best.metrics[spec.objective.primary])} if best else {}
+    tags = {"sweep.trials_ok": str(len(outcome.ranked())), "sweep.trials_total": str(len(outcome.trials)),
+            **probe_tags}
+    if tripped:
+        tags["sweep.stopped"] = tripped[:5000]
+    if interrupted:
+        tags["sweep.interrupted"] = interrupted[:5000]
+    if best is not None and best.run_id:
+        tags["sweep.best_run_id"] = best.run_id
+    tags["sweep.quality_guardrail"] = quality_note
+    if quality_updates and not tracker.pending:
+        try:
+            log_updates(tracker.client, quality_updates)
+        except Exception as exc:  # noqa: BLE001 - the trials are done; say what was not recorded
+            echo(f"WARNING: could not log the sweep-level figures (quality, revised verdicts) to MLflow ({type(exc).__name__}: {exc})")
+    if not tracker.flush():
+        path = tracker.dump_pending()
+        echo(f"WARNING: MLflow stayed unreachable ({tracker.degraded_reason}); {len(tracker.pending)} tracking "
+             f"calls were not logged and are saved in {path}")
+        tags["sweep.tracking"] = f"degraded: {len(tracker.pending)} calls saved in {path}"
+    try:
+        tracker.end_sweep("KILLED" if interrupted else "FINISHED", metrics, tags)
+        tracker.set_note(sweep_note(outcome))  # the run's description in the UI: the answer, in words
+    except Exception as exc:  # noqa: BLE001 - the trials are done; say what was not recorded
+        echo(f"WARNING: could not close the MLflow parent run ({type(exc).__name__}: {exc})")
+    if interrupted:
+        echo(f"the sweep did not finish ({interrupted}); continue it with: {resume_command(spec)}")
+    if outcome.trials and not tracker.pending:
+        _publish_report(outcome, tracker, echo)
     return outcome
 
 
