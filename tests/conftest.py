@@ -6,7 +6,7 @@ import os
 import secrets
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -111,6 +111,23 @@ def ray_cluster() -> Iterator[None]:
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def new_store(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path], Path]:
+    """`new_store(path)` puts an empty MLflow sqlite store at `path` and returns it: a copy of one made
+    once per session, since MLflow builds a new store's tables by running its migrations (~1 s each)."""
+    template = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(f"sqlite:///{template}").search_experiments()  # creates the tables
+
+    def copy(path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(template, path)
+        return path
+
+    return copy
+
+
 SMALL_SWEEP = """\
 name: test-sweep
 description: two precisions, one unsupported on CPU
@@ -135,14 +152,14 @@ seed: 3
 
 
 @pytest.fixture(scope="session")
-def small_sweep(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> tuple:
+def small_sweep(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory, new_store: Callable[[Path], Path]) -> tuple:
     """One real 3-trial sweep (Tuner + OptunaSearch + TorchTrainer per trial + MLflow store),
     shared by the tests that read its results; returns (outcome, tracking uri, progress lines)."""
     from sweeps.runner import run_sweep
     from sweeps.spec import parse_spec
 
     tmp = tmp_path_factory.mktemp("small-sweep")
-    text = SMALL_SWEEP.format(db=tmp / "mlflow.db", storage=tmp / "results")
+    text = SMALL_SWEEP.format(db=new_store(tmp / "mlflow.db"), storage=tmp / "results")
     lines: list[str] = []
     outcome = run_sweep(parse_spec(text), text, echo=lines.append)
     return outcome, f"sqlite:///{tmp / 'mlflow.db'}", lines

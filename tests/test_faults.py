@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -114,12 +115,13 @@ BOTH_MODES = pytest.mark.parametrize("reuse", ["true", "false"], ids=["warm", "c
 @pytest.mark.ray
 @BOTH_MODES
 def test_a_rank_crashing_once_resumes_from_the_last_checkpoint_and_a_hung_peer_fails_by_the_collective_timeout(
-        ray_cluster: None, tmp_path: Path, reuse: str) -> None:
+        ray_cluster: None, tmp_path: Path, reuse: str, new_store: Callable[[Path], Path]) -> None:
     from mlflow.tracking import MlflowClient
 
     from sweeps.runner import run_sweep
     from sweeps.spec import parse_spec
 
+    new_store(tmp_path / "mlflow.db")
     # Two faults, a trial each, in one sweep (grid order): rank 1 crashes once, then rank 1 hangs.
     text = (f"name: crash\ntrainable: {{name: 'tests.faulty:crash_once_or_hang', params: {{marker: '{tmp_path / 'crashed'}'}}}}\n"
             "space: {params.fault: {type: categorical, choices: [crash, hang]}}\nsearch: {algorithm: grid}\n"
@@ -149,12 +151,14 @@ def test_a_rank_crashing_once_resumes_from_the_last_checkpoint_and_a_hung_peer_f
 
 @pytest.mark.ray
 @BOTH_MODES
-def test_a_full_disk_halts_the_sweep_and_resume_finishes_it(ray_cluster: None, tmp_path: Path, reuse: str) -> None:
+def test_a_full_disk_halts_the_sweep_and_resume_finishes_it(ray_cluster: None, tmp_path: Path, reuse: str,
+                                                            new_store: Callable[[Path], Path]) -> None:
     from mlflow.tracking import MlflowClient
 
     from sweeps.runner import run_sweep
     from sweeps.spec import parse_spec
 
+    new_store(tmp_path / "mlflow.db")
     flag = tmp_path / "disk-is-full"
     flag.touch()
     text = (f"name: diskfull\ntrainable: {{name: 'tests.faulty:disk_full_while', params: {{flag: '{flag}'}}}}\n"

@@ -3,6 +3,7 @@ gradient accumulation searched, MLflow children carrying the knobs, its own para
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,8 @@ storage_path: {storage}
 """
 
 
-def test_a_hugging_face_model_sweeps_end_to_end(ray_cluster: None, tmp_path: Path) -> None:
+def test_a_hugging_face_model_sweeps_end_to_end(ray_cluster: None, tmp_path: Path, new_store: Callable[[Path], Path]) -> None:
+    new_store(tmp_path / "mlflow.db")
     text = SPEC.format(db=tmp_path / "mlflow.db", storage=tmp_path / "results")
     spec = parse_spec(text)
     assert spec.objective.primary == "throughput/tokens_per_s"  # the unit follows the trainable

@@ -38,7 +38,9 @@ seed: 2
 
 
 @pytest.mark.ray
-def test_the_probe_finds_each_precisions_frontier_and_the_search_stays_below_it(ray_cluster: None, tmp_path: Path) -> None:
+def test_the_probe_finds_each_precisions_frontier_and_the_search_stays_below_it(ray_cluster: None, tmp_path: Path,
+                                                                               new_store: Callable[[Path], Path]) -> None:
+    new_store(tmp_path / "mlflow.db")
     text = SPEC.format(db=tmp_path / "mlflow.db", storage=tmp_path / "r")
     lines: list[str] = []
     outcome = run_sweep(parse_spec(text), text, echo=lines.append)

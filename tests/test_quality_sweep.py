@@ -3,6 +3,7 @@ sizes, and time to a target with the noise scale and the predicted time on every
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -69,7 +70,9 @@ def _children(db: Path, experiment: str, parent: str) -> list:
     return sorted(child_runs(client, exp.experiment_id, parent), key=lambda c: int(c.data.params["batch_size"]))
 
 
-def test_equal_data_then_time_to_target(ray_cluster: None, tmp_path: Path) -> None:
+def test_equal_data_then_time_to_target(ray_cluster: None, tmp_path: Path, new_store: Callable[[Path], Path]) -> None:
+    for db in ("eq.db", "ttt.db", "asha.db"):
+        new_store(tmp_path / db)
     # equal data: global batch 32 and 128 train on the same 8192 samples; lr follows the batch (linear rule)
     text = EQUAL_DATA.format(db=tmp_path / "eq.db", storage=tmp_path / "eq")
     outcome = run_sweep(parse_spec(text), text, echo=lambda line: None)

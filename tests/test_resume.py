@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -39,8 +40,11 @@ def _children(client: MlflowClient, parent: str) -> list:
 
 @pytest.mark.ray
 @pytest.mark.parametrize("reuse", ["true", "false"], ids=["warm", "cold"])  # scaling.reuse_workers
-def test_killed_driver_resumes_without_losing_or_duplicating(ray_cluster: None, tmp_path: Path, reuse: str) -> None:
+def test_killed_driver_resumes_without_losing_or_duplicating(ray_cluster: None, tmp_path: Path, reuse: str,
+                                                             new_store: Callable[[Path], Path]) -> None:
     import ray
+
+    new_store(tmp_path / "mlflow.db")
 
     # warm trials start in a fraction of a second: long enough that trial 2 still trains when killed
     text = SPEC.format(steps=300 if reuse == "false" else 1500, db=tmp_path / "mlflow.db", storage=tmp_path / "r",

@@ -4,6 +4,7 @@ their scaling efficiency against their 1-rank twin and the all-reduce wait, the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,9 @@ storage_path: {storage}
 """
 
 
-def test_one_and_two_ranks_in_one_sweep_on_warm_groups_of_both_sizes(ray_cluster: None, tmp_path: Path) -> None:
+def test_one_and_two_ranks_in_one_sweep_on_warm_groups_of_both_sizes(ray_cluster: None, tmp_path: Path,
+                                                                    new_store: Callable[[Path], Path]) -> None:
+    new_store(tmp_path / "ranks.db")
     text = RANKS.format(db=tmp_path / "ranks.db", storage=tmp_path / "ranks")
     lines: list[str] = []
     outcome = run_sweep(parse_spec(text), text, echo=lines.append)

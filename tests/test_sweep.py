@@ -3,6 +3,7 @@ read back through MlflowClient."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -68,7 +69,9 @@ def test_sweep_logs_parent_and_child_runs(small_sweep: tuple) -> None:
         ("gpt-lm", "{preset: tiny, num_train_tokens: 32768, num_val_tokens: 4096}", "tokens"),
     ],
 )
-def test_each_workload_runs_in_a_sweep(ray_cluster: None, tmp_path: Path, data_dir: Path, workload: str, params: str, unit: str) -> None:
+def test_each_workload_runs_in_a_sweep(ray_cluster: None, tmp_path: Path, data_dir: Path, workload: str, params: str, unit: str,
+                                       new_store: Callable[[Path], Path]) -> None:
+    new_store(tmp_path / "mlflow.db")
     text = (f"name: wl-{workload}\ntrainable: {{name: {workload}, params: {params}}}\n"
             "budget: {num_trials: 1, num_steps: 10, num_warmup_steps: 2}\n"
             f"tracking: {{uri: 'sqlite:///{tmp_path / 'mlflow.db'}'}}\nstorage_path: {tmp_path / 'r'}\ndata_dir: {data_dir}\n")
@@ -79,7 +82,8 @@ def test_each_workload_runs_in_a_sweep(ray_cluster: None, tmp_path: Path, data_d
     assert child.data.metrics[f"throughput/{unit}_per_s"] > 0 and child.data.params["workload"] == workload
 
 
-def test_circuit_breaker_stops_repeated_identical_failures(ray_cluster: None, tmp_path: Path) -> None:
+def test_circuit_breaker_stops_repeated_identical_failures(ray_cluster: None, tmp_path: Path, new_store: Callable[[Path], Path]) -> None:
+    new_store(tmp_path / "mlflow.db")
     text = ("name: broken\ntrainable: {name: 'examples.no_such_module:build'}\n"
             "space: {lr: {type: float, low: 1.0e-3, high: 1.0e-2}}\n"
             "budget: {num_trials: 6, num_steps: 5, max_identical_failures: 2}\n"
@@ -95,7 +99,9 @@ def test_circuit_breaker_stops_repeated_identical_failures(ray_cluster: None, tm
     assert outcome.best is None
 
 
-def test_grid_with_oom_and_divergence_classifies_skips_and_never_picks_them(ray_cluster: None, tmp_path: Path) -> None:
+def test_grid_with_oom_and_divergence_classifies_skips_and_never_picks_them(ray_cluster: None, tmp_path: Path,
+                                                                           new_store: Callable[[Path], Path]) -> None:
+    new_store(tmp_path / "mlflow.db")
     # Injected faults: batch 16 diverges (NaN loss), batches above 32 run out of memory.
     text = ("name: oom\ntrainable: {name: 'tests.faulty:nan_at_16_oom_above_32'}\n"
             "space: {batch_size: {type: categorical, choices: [128, 64, 32, 16]}}\n"

@@ -4,6 +4,7 @@ crash retires it and the next trial gets a fresh one."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,10 +33,10 @@ seed: 5
 
 
 @pytest.fixture(scope="module")
-def warm_sweep(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> tuple:
+def warm_sweep(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory, new_store: Callable[[Path], Path]) -> tuple:
     """The 7-trial sweep on warm groups, shared with the cold test (which compares its numbers)."""
     tmp = tmp_path_factory.mktemp("warm")
-    text = SPEC.format(db=tmp / "mlflow.db", storage=tmp / "results")
+    text = SPEC.format(db=new_store(tmp / "mlflow.db"), storage=tmp / "results")
     lines: list[str] = []
     outcome = run_sweep(parse_spec(text), text, echo=lines.append)
     return outcome, lines
@@ -56,10 +57,10 @@ def test_a_warm_group_serves_trials_in_isolation_and_is_replaced_after_a_crash(w
     assert any("warm worker groups: 2 started for 7 trial(s); sweep wall" in line for line in lines), lines[-3:]
 
 
-def test_cold_mode_gives_the_same_numbers_and_classifies_the_same(warm_sweep: tuple, tmp_path: Path) -> None:
+def test_cold_mode_gives_the_same_numbers_and_classifies_the_same(warm_sweep: tuple, tmp_path: Path, new_store: Callable[[Path], Path]) -> None:
     # scaling.reuse_workers: false, a new Ray Train run per trial: the same seeded trial's loss/val
     # as in a warm group, and the same failure kind
-    text = SPEC.format(db=tmp_path / "mlflow.db", storage=tmp_path / "results")
+    text = SPEC.format(db=new_store(tmp_path / "mlflow.db"), storage=tmp_path / "results")
     text = text.replace("[same1, other, oom, config, same2, crash, same3]", "[same1, oom]")
     text = text.replace("num_trials: 7", "num_trials: 2").replace("reuse_workers: true", "reuse_workers: false")
     lines: list[str] = []

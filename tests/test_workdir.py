@@ -5,6 +5,7 @@ cold trials alike; a file that is not there fails the trial as `config`, naming 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,10 +71,11 @@ storage_path: {storage}
 @pytest.mark.ray
 @pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
 def test_ranks_resolve_relative_paths_where_the_sweep_started(
-        warm: bool, ray_cluster: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        warm: bool, ray_cluster: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, new_store: Callable[[Path], Path]) -> None:
     from sweeps.runner import run_sweep
     from sweeps.spec import parse_spec
 
+    new_store(tmp_path / "mlflow.db")
     monkeypatch.chdir(tmp_path)  # the user's folder: data/shapes exists only here
     prepare(Path("data/shapes"), num_per_class=8, image_size=12)
     roots = "[data/shapes, data/missing]" if warm else "[data/shapes]"
