@@ -99,6 +99,7 @@ def test_equal_data_then_time_to_target(ray_cluster: None, tmp_path: Path, new_s
     assert best is not None and best.metrics["time/to_target_s"] == min(t.metrics["time/to_target_s"] for t in outcome.trials)
     for c in _children(tmp_path / "ttt.db", "ttt", outcome.parent_run_id):
         m = c.data.metrics
+        assert c.data.params["workload"] == "gpt-lm" and m["throughput/tokens_per_s"] > 0  # the LM workload, in tokens
         assert m["loss/val"] <= 2.4 and m["progress/steps_to_target"] % 10 == 0
         assert m["time/to_target_s"] > m["time/eval_total_s"] > 0
         assert m["stats/grad_noise_scale"] > 0
