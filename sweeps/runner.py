@@ -147,9 +147,9 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
         ok = True
     finally:
         wall = time.monotonic() - t0
-        if pool is not None:  # its groups wind down (~1.5 s of Ray Train teardown) while the results are written
-            pool.close()
         try:
+            if pool is not None:  # its groups wind down (~1.5 s of Ray Train teardown) while the results are written
+                pool.close()
             outcome = _conclude(spec, callback, tracker, echo, token, parent, uri, ok, wall, probe_tags)
         finally:
             groups = pool.join() if pool is not None else None
