@@ -177,8 +177,8 @@ class SweepCallback(tune.Callback):
 
     def _pool_span(self, trial_id: str) -> tuple[float | None, float | None]:
         """When a warm group's trial began and ended costing (`Queue.span`; nothing without a pool): the
-        first trial's Tune actor and group start-up, and the way of a final report to this driver, are
-        the sweep's, so the ETA leaves them out."""
+        first trial's Tune actor and group start-up, and a final report's way on to this driver, are the
+        sweep's, so the ETA leaves them out."""
         if self.queue is None:
             return None, None
         try:

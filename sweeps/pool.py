@@ -126,9 +126,8 @@ class Queue:
         """When the trial's own cost began and ended (`time.time()`). Began: its submission by its Tune
         trial (after that actor started), or when a group took it if it had to wait for one to start
         (the first trial of a sweep, a resize): the group's start-up is the sweep's cost, not a trial's.
-        Ended: when its group posted the final report (None before): the way on to the driver costs
-        the first report of a sweep ~1 s once (first calls in Ray and Tune) and ~5 ms after, so it is
-        no trial's cost either."""
+        Ended: when its group posted the final report (None before): its way on to the driver (Tune,
+        the trial's actor) is the sweep's, not the trial's."""
         with self._cv:
             return self._began.get(trial_id), self._ended.get(trial_id)
 
