@@ -165,6 +165,27 @@ def test_time_boxes_end_warm_up_and_window_on_the_clock_not_the_step_count(data_
     assert final[contract.WARMUP_S] < 3.0  # 1000 warm-up steps were not run
 
 
+def test_a_time_box_is_never_passed_by_a_whole_step() -> None:
+    from trainables.length import TrialLength
+
+    # 1.3 s steps (emulated bf16 at batch 64 on a 2-core CPU) against the CPU boxes, 3 s warm-up + 5 s window
+    cfg = TrialConfig(workload="mlp-tabular", batch_size=64, precision="bf16-mixed", lr=1e-3, num_steps=1000,
+                      num_warmup_steps=5, max_warmup_s=3.0, max_window_s=5.0)
+    length = TrialLength(cfg, world=2)
+    for step in range(2, 5):  # before each warm-up step from step 2: steps 1 .. step - 1 timed
+        if length.warmup_box_due(step):
+            length.box_warmup(step, 1.3 * (step - 1))
+    assert length.warmup_steps == 3  # 2.6 s timed; a third step would end at 3.9 s, past the box
+    length.plan(None, 1.3)
+    assert length.planned == 3  # floor(5 / 1.3): the steps the box holds, and the spread's least
+    assert length.extend_due(3) and not length.extend(3.9, 3)  # 1.1 s left: a fourth step would end at 5.2 s
+    assert not length.more_after(3)
+    # steps that got faster than warm-up's run on toward the box, as many as still fit in it
+    fast = TrialLength(cfg, world=2)
+    fast.plan(None, 1.3)
+    assert fast.extend(1.8, 3) and fast.planned == 3 + 5  # 0.6 s a step now: 3.2 s left holds 5 more
+
+
 def test_a_slow_configuration_keeps_the_steps_its_noise_figure_needs(data_dir: Path) -> None:
     # every step takes >= 0.15 s; the boxes allow 0.1 s: warm-up stops at step 2, the window after 3 steps
     cfg = _cfg(data_dir, workload="tests.user_pieces:slow_steps", workload_params={"delay_s": 0.15}, num_steps=50,

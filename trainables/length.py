@@ -10,10 +10,12 @@ Which rule sets the length:
 - an equal-data budget (`num_items`): the measured steps that complete the budget, the last one cut;
 - a target (`target_metric`): `num_steps` at most, ended early when an evaluation meets it;
 - otherwise the clock may, around `num_steps`: `min_window_s` extends the window until it lasts that
-  long, `max_window_s` ends it once it lasts that long (never before the throughput's spread has 3
-  sub-windows), and `max_warmup_s` ends warm-up once its timed steps (from step 1) last that long
-  (never before step 2: one step is timed at least). With a throughput objective every trial then
-  costs about the same seconds, whatever its step time.
+  long, `max_window_s` plans it from warm-up's step time to end inside that long (run on toward it
+  only while a whole step still fits; ended at the first sub-window mark past it when the steps got
+  slower; never before the throughput's spread has 3 sub-windows), and `max_warmup_s` ends warm-up
+  before a step that would take its timed steps (from step 1) past that long (never before step 2:
+  one step is timed at least). With a throughput objective every trial then costs about the same
+  seconds, whatever its step time.
 """
 
 from __future__ import annotations
@@ -77,8 +79,9 @@ class TrialLength:
         return self.warm_max_s > 0 and 2 <= step < self.warmup_steps
 
     def box_warmup(self, step: int, warm_s: float) -> None:
-        """`warm_s`: the timed warm-up steps' seconds so far (max over ranks). Over the box: warm-up ends now."""
-        if warm_s >= self.warm_max_s:
+        """`warm_s`: the timed warm-up steps' seconds so far (steps 1 .. step - 1, max over ranks). Warm-up
+        ends now if one more step at their mean would pass the box: it never outlasts the box by a step."""
+        if warm_s * step / (step - 1) > self.warm_max_s:
             self.warmup_steps = step
 
     # --- the plan, when warm-up ends
@@ -152,7 +155,10 @@ class TrialLength:
         if short_of_min:
             self.planned += max(1, math.ceil((self.min_s - window_s) / rate * 1.05))
         else:
-            self.planned = min(self.cfg.num_steps, total + max(1, math.floor((self.max_s - window_s) / rate)))
+            fits = math.floor((self.max_s - window_s) / rate)  # steps that end inside the box
+            if fits < 1:  # a slow step: one more would pass the box
+                return False
+            self.planned = min(self.cfg.num_steps, total + fits)
         if self.max_s and self.max_s > 1.05 * self.min_s:  # the ceiling still holds (min_window_s <= max_window_s)
             self.planned = max(total + 1, min(self.planned, total + math.ceil((self.max_s - window_s) / rate)))
         self.extended, self._checked = self.extended + 1, (window_s, measured)
