@@ -17,7 +17,7 @@ from ray import tune
 from sweeps.breaker import FailureStreak
 from sweeps.failures import failure_of
 from sweeps.outcome import MEASURED, TrialRow, end_status
-from sweeps.progress import progress_line
+from sweeps.progress import Costs, TrialCost, progress_line
 from sweeps.search import knobs_of, oom_label, record_oom, shared
 from sweeps.sol import SpeedOfLight
 from sweeps.space import resolve_trial, trial_params
@@ -25,7 +25,7 @@ from sweeps.spec import SweepSpec
 from sweeps.tracking import SweepTracker
 from sweeps.trial import HALT_KEY
 from sweeps.verdict import verdict
-from trainables.contract import STEPS
+from trainables.contract import STEPS, WARMUP_S, WINDOW_S
 
 
 def _trial_error(trial: Any) -> BaseException | None:
@@ -61,7 +61,7 @@ class SweepCallback(tune.Callback):
         self._started: set[str] = set()  # by this driver; Tune ends each one unless it stops early
         self._ended: set[str] = set()
         self._began: dict[str, float] = {}  # monotonic time each trial started (this driver)
-        self._cost: dict[str, float] = {}  # each ended trial's own wall time, start to end: what the ETA uses
+        self._cost: dict[str, float] = {}  # each ended trial's own wall time, start to end: what the ETA uses (`Costs`)
         self.halted = ""  # why a trial asked to halt the sweep (HALT_KINDS)
         self.queue: Any = None  # the warm pool's queue, when the sweep has one
         self.speed_of_light: SpeedOfLight | None = None  # measured limits to score finished trials against
@@ -195,9 +195,21 @@ class SweepCallback(tune.Callback):
             self.echo(f"STOPPING the sweep: {why}. Fix that, then run the sweep again.")
 
     def _progress(self, row: TrialRow) -> str:
-        running = [time.time() - t for k, t in self._began.items() if k not in self._ended]
+        now = time.time()
+        ended = [TrialCost(self._precision(k), cost, _boxed_s(self.rows[k].metrics)) for k, cost in self._cost.items()]
+        running = [(self._precision(k), now - t) for k, t in self._began.items() if k not in self._ended]
+        slow = self.speed_of_light.emulated_precisions() \
+            if self.speed_of_light is not None and not self.spec.scaling.use_gpu else frozenset()
         return progress_line(self.spec, row, list(self.rows.values()), time.monotonic() - self.t0,
-                             list(self._cost.values()), running)
+                             Costs(ended, running, slow))
+
+    def _precision(self, trial_id: str) -> str:
+        return str(self.rows[trial_id].params.get("precision"))
+
+
+def _boxed_s(metrics: dict[str, Any]) -> float:
+    """What of a trial's cost its time boxes bound: its warm-up and measured window (0 if it reported neither)."""
+    return sum(float(v) for k in (WARMUP_S, WINDOW_S) if isinstance(v := metrics.get(k), (int, float)))
 
 
 def _interrupt_tune() -> bool:

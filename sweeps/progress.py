@@ -13,11 +13,11 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TextIO
 
 from sweeps.outcome import MEASURED, NOT_FAILED, UNFINISHED, TrialRow
-from sweeps.spec import SweepSpec
+from sweeps.spec import CategoricalParam, FixedParam, SweepSpec
 from sweeps.verdict import cv_metric
 from trainables.contract import LOOP_S, WARMUP_S, WINDOW_S
 
@@ -71,24 +71,87 @@ def planned_cost(spec: SweepSpec) -> str:
             "trial: the ETA uses what each finished trial cost)")
 
 
-def remaining_s(spec: SweepSpec, costs: list[float], running_for: list[float]) -> float:
-    """Seconds the sweep still needs: each trial not yet started costs what the ended ones cost on average
-    (`costs`: each one's own wall time, start to end: not the cluster's or a warm group's start-up), each
-    running one what is left of that, `max_concurrent_trials` at a time. nan before any trial ended. With
-    time boxes the trials cost about the same; the mean follows the sweep as it goes."""
-    if not costs:
+@dataclass(frozen=True)
+class TrialCost:
+    """What one ended trial cost: `cost_s`, its own wall time, start to end (not the cluster's or a warm
+    group's start-up); `boxed_s`, of that the seconds the time boxes bound (its `time/warmup_s` +
+    `time/window_s`; 0 when it reported neither)."""
+
+    precision: str
+    cost_s: float
+    boxed_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What the ETA knows beyond the rows: the trials this driver saw end (`ended`), each running trial's
+    precision and seconds run so far (`running`), and the precisions the sweep measured emulated on this
+    machine before its first trial (`emulated`: a CPU's bf16/fp16 without native kernels, `sweeps.sol`)."""
+
+    ended: list[TrialCost]
+    running: list[tuple[str, float]] = field(default_factory=list)
+    emulated: frozenset[str] = frozenset()
+
+
+def upcoming(spec: SweepSpec, rows: list[TrialRow]) -> list[str | None]:
+    """The precision of each trial not yet started: grid search's points still to run, in order; None
+    where a sampler has yet to pick it."""
+    n = max(0, spec.budget.num_trials - len(rows))
+    precision = spec.space.precision
+    if isinstance(precision, FixedParam):
+        return [str(precision.value)] * n
+    if spec.search.algorithm != "grid":
+        return [None] * n
+    left = [str(p.get("precision")) for p in spec.space.grid_points()]
+    for r in rows:  # each started trial took one point of its precision
+        if (p := str(r.params.get("precision"))) in left:
+            left.remove(p)
+    return (left + [None] * n)[:n]
+
+
+def _choices(p: object) -> list[object]:
+    return list(p.choices) if isinstance(p, CategoricalParam) else [getattr(p, "value", None)]
+
+
+def price_s(spec: SweepSpec, precision: str | None, costs: Costs) -> float:
+    """What a trial of `precision` is expected to cost (nan before any trial ended).
+
+    The mean of the ended trials of that precision, the knob that sets a step's cost class (bf16 vs
+    fp32 on Tensor Cores; emulated kernels on a CPU). With none ended yet, the mean of all ended trials,
+    unless the sweep measured that precision emulated here: such steps are several times fp32's, so its
+    trials run until their time boxes end them, and cost what the ended trials cost beyond their warm-up
+    and window plus both boxes (when that is more). A precision a sampler has yet to pick (None): the
+    mean over the space's choices."""
+    ended = costs.ended
+    if not ended:
         return math.nan
-    per = statistics.fmean(costs)
-    waiting = spec.budget.num_trials - len(costs) - len(running_for)
-    running = sum(max(0.0, per - t) for t in running_for)
-    return (max(0, waiting) * per + running) / spec.budget.max_concurrent_trials
+    if precision is None:
+        choices = [str(c) for c in _choices(spec.space.precision)]
+        return statistics.fmean(price_s(spec, c, costs) for c in choices)
+    same = [c.cost_s for c in ended if c.precision == precision]
+    if same:
+        return statistics.fmean(same)
+    mean = statistics.fmean(c.cost_s for c in ended)
+    _, window, warmup = spec.trial_clock()
+    if precision in costs.emulated and window:
+        beyond = statistics.fmean(max(0.0, c.cost_s - c.boxed_s) for c in ended)
+        return max(mean, beyond + warmup + window)
+    return mean
 
 
-def sweep_status(spec: SweepSpec, rows: list[TrialRow], elapsed: float, costs: list[float] | None = None,
-                 running_for: list[float] | None = None) -> Status:
-    """`costs`: each ended trial's own wall time (`remaining_s`); `running_for`: how long each running
-    trial has run.
-    Without them (a resumed sweep's earlier trials), the mean time per ended trial stands in."""
+def remaining_s(spec: SweepSpec, rows: list[TrialRow], costs: Costs) -> float:
+    """Seconds the sweep still needs: each trial not yet started costs its `price_s`, each running one what
+    is left of its price, `max_concurrent_trials` at a time. nan before any trial ended."""
+    if not costs.ended:
+        return math.nan
+    running = sum(max(0.0, price_s(spec, p, costs) - t) for p, t in costs.running)
+    waiting = sum(price_s(spec, p, costs) for p in upcoming(spec, rows))
+    return (waiting + running) / spec.budget.max_concurrent_trials
+
+
+def sweep_status(spec: SweepSpec, rows: list[TrialRow], elapsed: float, costs: Costs | None = None) -> Status:
+    """`costs`: what the ended and running trials cost (`remaining_s`). Without any (a resumed sweep's
+    earlier trials), the mean time per ended trial stands in."""
     done = [r for r in rows if r.status not in UNFINISHED]
     failed = [r for r in done if r.status not in NOT_FAILED]
     metric, mode = spec.objective.primary, spec.objective.primary_mode
@@ -98,17 +161,17 @@ def sweep_status(spec: SweepSpec, rows: list[TrialRow], elapsed: float, costs: l
     if ranked:
         b = (max if mode == "max" else min)(ranked, key=lambda r: r.metrics[metric])
         best = f"{metric}={b.metrics[metric]:.4g} (trial {b.number})"
-    if costs:
-        eta = remaining_s(spec, costs, running_for or [])
+    if costs is not None and costs.ended:
+        eta = remaining_s(spec, rows, costs)
     else:
         eta = elapsed / len(done) * (total - len(done)) if done else math.nan
     return Status(len(done), total, len(rows) - len(done), len(failed), best, elapsed, eta, time.monotonic())
 
 
 def progress_line(spec: SweepSpec, row: TrialRow, rows: list[TrialRow], elapsed: float,
-                  costs: list[float] | None = None, running_for: list[float] | None = None) -> ProgressLine:
+                  costs: Costs | None = None) -> ProgressLine:
     """One line per trial event: what it gave, how the sweep stands, best so far, ETA."""
-    status = sweep_status(spec, rows, elapsed, costs, running_for)
+    status = sweep_status(spec, rows, elapsed, costs)
     metric = spec.objective.primary
     if row.status in MEASURED:
         key = cv_metric(metric)

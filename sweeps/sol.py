@@ -328,6 +328,10 @@ class SpeedOfLight:
                 self.sources[key] = "doctor run"
         return self._figures[key]
 
+    def emulated_precisions(self) -> frozenset[str]:
+        """The mixed precisions any node's figures known so far measured emulated (`emulated`)."""
+        return frozenset(p for f in self._figures.values() if f for p in MIXED if emulated(f, p))
+
     def score_trial(self, metrics: dict[str, Any], params: dict[str, Any]) -> dict[str, float]:
         kind, name = metrics.get("device/type"), metrics.get("device/name")
         if not isinstance(kind, str) or not isinstance(name, str):

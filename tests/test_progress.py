@@ -4,6 +4,7 @@ line rewritten in place, never written to a log that is not a terminal."""
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 
@@ -119,7 +120,6 @@ def test_a_trial_line_shows_its_throughputs_spread_where_measured() -> None:
 
 
 def test_the_planned_cost_is_trials_times_the_boxed_trial_by_concurrency() -> None:
-    from pathlib import Path
 
     from sweeps.progress import planned_cost
 
@@ -135,11 +135,34 @@ def test_the_planned_cost_is_trials_times_the_boxed_trial_by_concurrency() -> No
 
 
 def test_the_eta_counts_what_the_ended_trials_cost_not_the_sweeps_start_up() -> None:
-    from sweeps.progress import remaining_s, sweep_status
+    from sweeps.progress import Costs, TrialCost, remaining_s, sweep_status
 
     spec8 = parse_spec("name: p\ntrainable: {name: mlp-tabular}\nbudget: {num_trials: 8, num_steps: 2}\n")
-    assert remaining_s(spec8, [10.0], []) == 70.0
-    assert remaining_s(spec8, [10.0, 12.0], [4.0]) == 5 * 11.0 + 7.0  # the running one: what is left of the mean
-    rows = [TrialRow("t1", 1, {}, status="ok")]
-    status = sweep_status(spec8, rows, elapsed=40.0, costs=[10.0], running_for=[])  # 30 s went to start-up
+    rows = [TrialRow("t1", 1, {"precision": "32"}, status="ok")]
+    assert remaining_s(spec8, rows, Costs([TrialCost("32", 10.0)])) == 70.0
+    rows += [TrialRow("t2", 2, {"precision": "32"}, status="ok"), TrialRow("t3", 3, {"precision": "32"})]
+    two = Costs([TrialCost("32", 10.0), TrialCost("32", 12.0)], running=[("32", 4.0)])
+    assert remaining_s(spec8, rows, two) == 5 * 11.0 + 7.0  # the running one: what is left of the mean
+    status = sweep_status(spec8, rows[:1], elapsed=40.0, costs=Costs([TrialCost("32", 10.0)]))  # 30 s went to start-up
     assert status.eta_s == 70.0  # not 40 s x 7
+
+
+def test_the_eta_prices_each_precision_by_its_own_trials_and_an_emulated_one_at_its_boxes() -> None:
+    from sweeps.progress import Costs, TrialCost, remaining_s
+
+    demo = parse_spec((Path(__file__).resolve().parents[1] / "examples" / "demo.yaml").read_text())  # boxes 3 + 5 s
+    first = [TrialRow("t1", 1, {"precision": "32"}, status="ok")]  # the grid's first point; 3 fp32, 4 bf16 to come
+    fp32 = TrialCost("32", 6.0, boxed_s=5.5)  # 0.5 s beyond its warm-up and window
+    assert remaining_s(demo, first, Costs([fp32])) == 7 * 6.0  # bf16 native here: no reason to price it apart
+    # bf16 measured emulated before the trials: its trials run into both boxes, 0.5 + 3 + 5 s each
+    assert remaining_s(demo, first, Costs([fp32], emulated=frozenset({"bf16-mixed"}))) == 3 * 6.0 + 4 * 8.5
+    # once a bf16 trial ended, bf16 is priced by what it cost
+    rows = first + [TrialRow(f"t{i}", i, {"precision": "32"}, status="ok") for i in (2, 3, 4)] + \
+        [TrialRow("t5", 5, {"precision": "bf16-mixed"}, status="ok")]
+    ended = [fp32] * 4 + [TrialCost("bf16-mixed", 11.0, boxed_s=9.0)]
+    assert remaining_s(demo, rows, Costs(ended, emulated=frozenset({"bf16-mixed"}))) == 3 * 11.0
+    # a sampler's trials (no grid): priced at the mean over the precision choices
+    tpe = parse_spec("name: p\ntrainable: {name: mlp-tabular}\nspace: {precision: {type: categorical, choices: "
+                     "['32', 'bf16-mixed']}}\nbudget: {num_trials: 3, num_steps: 2}\n")
+    one = [TrialRow("t1", 1, {"precision": "32"}, status="ok")]
+    assert remaining_s(tpe, one, Costs([fp32], emulated=frozenset({"bf16-mixed"}))) == 2 * (6.0 + 8.5) / 2
