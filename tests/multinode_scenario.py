@@ -7,11 +7,19 @@ two trials at once, across the nodes); then one node is removed: its trial must 
 node, nothing finished may be lost, every run must say on which node it ran, and all resources must
 be free at the end. A new node replaces the lost one between the two.
 Writes result.json into argv[1]: one entry per phase.
+
+Ray Train runs lean, as `sweeps run` runs it on a local cluster (`LEAN_TRAIN_ENV`): its controller polls
+its workers every 0.5 s, so a lost node is noticed within 0.5 s and a trial's last report is taken at
+once (Ray's default, 2 s, took one report per poll: reports every second queued behind it, and a cold
+trial held its node ~6 s past its last step). So a trial lasts about as long as its warm-up and
+measured window, and the window is what keeps the first trial training until the second one has
+started: see `PHASES`.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import tempfile
 import threading
@@ -24,6 +32,7 @@ from mlflow.tracking import MlflowClient
 from ray._private.state import available_resources_per_node, total_resources_per_node
 from ray.cluster_utils import Cluster
 
+from sweeps.resources import LEAN_TRAIN_ENV
 from sweeps.runner import run_sweep
 from sweeps.spec import parse_spec
 from tests.reap import reap, tree
@@ -34,21 +43,21 @@ name: {name}
 trainable: {{name: mlp-tabular, params: {{num_train_rows: 4096, hidden: 256}}}}
 space: {{lr: {{type: float, low: 1.0e-3, high: 1.0e-2, log: true}}}}
 budget: {{num_trials: 2, max_concurrent_trials: 2, num_steps: {steps}, num_warmup_steps: 3, max_retries: 1,
-          report_interval_s: 1}}
+          report_interval_s: 1, max_window_s: {window}}}
 scaling: {{num_workers: 2, cpus_per_worker: 1, reuse_workers: {reuse}}}
 tracking: {{uri: 'sqlite:///{db}'}}
 storage_path: {storage}
 """
 DB = out / "mlflow.db"
-cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False,
-                                                         "temp_dir": tempfile.mkdtemp(prefix="rm", dir="/tmp")})
+HEAD_TMP = tempfile.mkdtemp(prefix="rm", dir="/tmp")  # short, for sockets; removed at the end
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False, "temp_dir": HEAD_TMP})
 nodes = [cluster.add_node(num_cpus=2) for _ in range(2)]
-ray.init(address=cluster.address)
+ray.init(address=cluster.address, runtime_env={"env_vars": dict(LEAN_TRAIN_ENV)})
 client = MlflowClient(f"sqlite:///{DB}")
 
 
-def sweep(name: str, steps: int, reuse: str) -> tuple:
-    text = SPEC.format(name=name, steps=steps, db=DB, storage=out / "results", reuse=reuse)
+def sweep(name: str, steps: int, window: float, reuse: str) -> tuple:
+    text = SPEC.format(name=name, steps=steps, window=window, db=DB, storage=out / "results", reuse=reuse)
     lines: list[str] = []
     outcome = run_sweep(parse_spec(text), text, echo=lambda line: (lines.append(line), print(line, flush=True)))
     return outcome, lines
@@ -69,7 +78,7 @@ def remove_a_node_once_both_train(experiment: str, removed: threading.Event, bus
         runs = client.search_runs([exp.experiment_id], "metrics.`progress/steps` > 0") if exp else []
         if len(runs) >= 2:
             break
-        time.sleep(0.5)
+        time.sleep(0.2)
     free = available_resources_per_node()
     busy.update({n: total.get("CPU", 0) - free.get(n, {}).get("CPU", 0)
                  for n, total in total_resources_per_node().items() if total.get("CPU", 0) > 0})
@@ -89,12 +98,21 @@ def settled() -> dict[str, float]:
     return {"free_cpu": ray.available_resources().get("CPU", 0), "total_cpu": ray.cluster_resources().get("CPU", 0)}
 
 
+# (reuse_workers, name, num_steps, max_window_s): long enough that both trials train when the node goes.
+# Both trials need their first report in MLflow (~4 s after their group starts: build, warm-up, a
+# report) while the other still trains. Warm groups start together when the sweep does (< 1.5 s apart):
+# the CPU default (a 5 s window) is enough. Cold trials' groups start 1.5-4 s apart (each trial starts
+# its own Train controller, on a busy machine), so a cold trial's window is up to 10 s: while both
+# trials share the 2 cores a step takes 4.7-7 ms, so 2000 steps last 9.4 s or more (measured: the first
+# trial's last step came 5.5-7 s after the node went; with a 5 s window, 0.4-1 s); the retry, alone on
+# the surviving node (~2.6 ms a step), ends after its 2000 steps in ~5 s.
+PHASES = (("true", "loss-warm", 1500, 5), ("false", "loss-cold", 2000, 10))
 result: dict[str, dict] = {}
-for reuse, name in (("true", "loss-warm"), ("false", "loss-cold")):
+for reuse, name, steps, window in PHASES:
     removed, busy = threading.Event(), {}
     known_nodes.update(n["NodeID"] for n in ray.nodes())
     threading.Thread(target=remove_a_node_once_both_train, args=(name, removed, busy), daemon=True).start()
-    outcome, _ = sweep(name, 1500, reuse)  # long enough that both trials train when the node goes
+    outcome, _ = sweep(name, steps, window, reuse)
     exp = client.get_experiment_by_name(name)
     result[name] = {
         "statuses": sorted(t.status for t in outcome.trials),
@@ -113,3 +131,4 @@ ours = tree(p.pid for p in psutil.Process().children())  # the nodes this proces
 ray.shutdown()
 cluster.shutdown()
 reap(ours, 30, "the multi-node test cluster")
+shutil.rmtree(HEAD_TMP, ignore_errors=True)
