@@ -25,6 +25,19 @@ logger = logging.getLogger(__name__)
 # A trial's report that asks the driver to halt the sweep (a string: Tune keeps it, MLflow does not).
 HALT_KEY = "sweep_halt"
 _HALT_WAIT_S = 300.0
+_HALT_EVERY_S = 0.25
+
+
+def _ask_to_halt(why: str) -> None:
+    """Ask the driver to halt the sweep, and keep asking until it stops this trial (at most
+    `_HALT_WAIT_S`). Each ask is a report: Tune's next request for a result is answered, so its actor
+    is free to take the stop, and the report after the stop ends this thread (Tune's session exits
+    it). A trial that waited outside `tune.report` held its actor busy until Tune's force cleanup
+    killed it, 10 s later."""
+    deadline = time.monotonic() + _HALT_WAIT_S
+    while time.monotonic() < deadline:
+        tune.report({HALT_KEY: why})
+        time.sleep(_HALT_EVERY_S)
 
 
 def _torch_trainer(train_fn: Any, config: dict[str, Any], scaling: ScalingSpec, num_workers: int, cpus_per_rank: float,
@@ -160,8 +173,7 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, storage_path: str, pool: 
                     # Not this configuration's fault, and the next trial would hit it too: ask the driver
                     # to halt the sweep; it stops this trial unfinished, to run again on resume.
                     over = False
-                    tune.report({HALT_KEY: f"{kind}: {reason}"})
-                    time.sleep(_HALT_WAIT_S)
+                    _ask_to_halt(f"{kind}: {reason}")
                     over = True  # the driver did not halt (it cannot outside its main thread): fail
                 if kind not in TRANSIENT_KINDS or attempt == spec.budget.max_retries:
                     raise TrialFailure(kind, reason) from None
