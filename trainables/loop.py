@@ -290,13 +290,26 @@ def _build(cfg: TrialConfig, device: torch.device) -> _Trial:
                   [p for p in model.parameters() if p.requires_grad], flops, tags, telemetry)
 
 
-def _run_step(t: _Trial, batches: Iterator[Any], win: MeasuredWindow, micros: int, need: int, where: list[Any],
+class Where:
+    """Where a rank is in the loop: the phase, then the step (and micro-batch) as the spine sets it.
+    An exception leaving the loop carries `label` as `sweeps_where`."""
+
+    __slots__ = ("label",)
+
+    def __init__(self, *label: Any) -> None:
+        self.label: tuple[Any, ...] = label
+
+    def at(self, *label: Any) -> None:
+        self.label = label
+
+
+def _run_step(t: _Trial, batches: Iterator[Any], win: MeasuredWindow, micros: int, need: int, where: Where,
               step: int) -> int:
     """One optimizer step of `micros` micro-batches (the last cut to `need` items on this rank, when
     given); returns the items it took."""
     cfg, accum, seen = t.cfg, t.cfg.grad_accum_steps, 0
     for micro in range(micros):
-        where[:] = ["step", step, micro]
+        where.at("step", step, micro)
         with win.timer.data_wait():
             batch = next(batches)
         n = checked_count(t.count, batch)
@@ -327,12 +340,12 @@ def _run_step(t: _Trial, batches: Iterator[Any], win: MeasuredWindow, micros: in
         seen += n
         if win.measuring:
             win.count(n, tensor_bytes(batch) if t.device.type == "cuda" else 0, loss, micros)
-    where[:] = ["optimizer", step]
+    where.at("optimizer", step)
     t.prec.step(t.optimizer, t.scaler, t.model, cfg.max_grad_norm, force=cfg.probe)
     return seen
 
 
-def _step_or_oom(t: _Trial, batches: Iterator[Any], win: MeasuredWindow, micros: int, need: int, where: list[Any],
+def _step_or_oom(t: _Trial, batches: Iterator[Any], win: MeasuredWindow, micros: int, need: int, where: Where,
                  step: int) -> tuple[int, bool]:
     """`_run_step`: the items it took and whether it ran out of memory, which only a memory probe
     survives (its ranks agree on it next: `_all_ranks_fit`)."""
@@ -369,19 +382,19 @@ def train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dic
 
     An exception leaving the loop carries `sweeps_where`: the phase, step and micro-batch it was
     raised at, so a warm group can tell whether all its ranks stopped at the same collective."""
-    where: list[Any] = ["setup"]
+    where = Where("setup")
     try:
         return _train(cfg, reporter, device, facts, resume_from, where)
     except BaseException as exc:
         try:
-            exc.sweeps_where = tuple(where)  # type: ignore[attr-defined]
+            exc.sweeps_where = where.label  # type: ignore[attr-defined]
         except AttributeError:  # an exception type without a __dict__: treated as "unknown"
             pass
         raise
 
 
 def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dict[str, str] | None,
-           resume_from: str | None, where: list[Any]) -> dict[str, Any]:
+           resume_from: str | None, where: Where) -> dict[str, Any]:
     """The spine: every collective below runs on every rank in this order (module doc)."""
     loop_t0 = time.perf_counter()
     t = _build(cfg, device)
@@ -399,10 +412,10 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
     try:
         while step < length.last_step():
             if length.warmup_box_due(step):  # max_warmup_s: every rank ends warm-up at the same step
-                where[:] = ["warmup-box", step]
+                where.at("warmup-box", step)
                 length.box_warmup(step, all_reduce([win.warm_span()], device, op="max")[0])
             if step == length.warmup_steps:  # the measured window begins
-                where[:] = ["boundary", step]
+                where.at("boundary", step)
                 _begin_window(t, length, win, ckpt, scheduler, step)
             elif step == 1:
                 win.calibration_starts()
@@ -410,7 +423,7 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
             seen, oom = _step_or_oom(t, batches, win, micros, need, where, step)
             length.seen += seen
             if cfg.probe:
-                where[:] = ["probe-agree", step]
+                where.at("probe-agree", step)
                 _all_ranks_fit(oom, cfg, device)
             if t.noise is not None:  # a cut last step is not the batch size the estimate assumes
                 t.noise.commit(keep=win.measuring and length.is_whole(step, micros))
@@ -420,13 +433,13 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
             step += 1
             evaluated: dict[str, Any] = {}  # this step's evaluation, for the report after it
             if evals.due(step):
-                where[:] = ["evaluate", step]
+                where.at("evaluate", step)
                 evaluated = evals.run(step)
             if win.measuring:
                 _measured_step_done(t, length, win, ckpt, scheduler, reporter, evals, evaluated, where, step)
             if evals.reached is not None:
                 break
-        where[:] = ["final"]
+        where.at("final")
         # a target met during warm-up leaves no measured window: no throughput, honestly absent
         final: dict[str, Any] = win.report(length.total(win.steps), final=True) if win.measuring else {
             contract.STEPS: 0, contract.WORLD_SIZE: t.world, contract.FINAL: 0}
@@ -456,20 +469,20 @@ def _begin_window(t: _Trial, length: TrialLength, win: MeasuredWindow, ckpt: Che
 
 
 def _measured_step_done(t: _Trial, length: TrialLength, win: MeasuredWindow, ckpt: Checkpointer, scheduler: Any,
-                        reporter: Reporter, evals: Evaluator, evaluated: dict[str, Any], where: list[Any],
+                        reporter: Reporter, evals: Evaluator, evaluated: dict[str, Any], where: Where,
                         step: int) -> None:
     """A measured step ended: its mark, the clock's say over the length, then a report when one is due
     (with a checkpoint when that is due; none after the last step: the final report follows)."""
     marked = win.step_done()
     measured = win.steps
     if length.extend_due(measured):  # the plan ran out: has the window lasted min_window_s?
-        where[:] = ["extend", step]
+        where.at("extend", step)
         if length.extend(all_reduce([win.timer.elapsed_s()], t.device, op="max")[0], measured):
             win.replan(length.sub_every())
     elif length.cap_due(measured, win.sub_windows(), marked):  # has it lasted max_window_s?
-        where[:] = ["window-cap", step]
+        where.at("window-cap", step)
         length.cap(all_reduce([win.timer.elapsed_s()], t.device, op="max")[0], measured)
-    where[:] = ["report", step]
+    where.at("report", step)
     total = length.total(measured)
     if evals.reached is not None or not length.more_after(measured):
         return
@@ -487,10 +500,10 @@ def _validate(t: _Trial) -> dict[str, float]:
 
 
 def _finish(final: dict[str, Any], t: _Trial, length: TrialLength, win: MeasuredWindow, evals: Evaluator,
-            reporter: Reporter, facts: dict[str, str] | None, where: list[Any], loop_t0: float) -> dict[str, Any]:
+            reporter: Reporter, facts: dict[str, str] | None, where: Where, loop_t0: float) -> dict[str, Any]:
     """Validation, FLOPs, items seen, the loop's times and rank 0's facts: the final report."""
     cfg, device = t.cfg, t.device
-    where[:] = ["validate"]
+    where.at("validate")
     if not cfg.probe:  # a memory probe only asks whether the training step fits
         final.update(evals.final_validation())
         if not math.isfinite(final[contract.LOSS_VAL]):
