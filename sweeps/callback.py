@@ -25,7 +25,7 @@ from sweeps.spec import SweepSpec
 from sweeps.tracking import SweepTracker
 from sweeps.trial import HALT_KEY
 from sweeps.verdict import verdict
-from trainables.contract import STEPS, WARMUP_S, WINDOW_S
+from trainables.contract import STEPS, WARMUP_STEPS_S, WINDOW_S
 
 
 def _trial_error(trial: Any) -> BaseException | None:
@@ -208,8 +208,9 @@ class SweepCallback(tune.Callback):
 
 
 def _boxed_s(metrics: dict[str, Any]) -> float:
-    """What of a trial's cost its time boxes bound: its warm-up and measured window (0 if it reported neither)."""
-    return sum(float(v) for k in (WARMUP_S, WINDOW_S) if isinstance(v := metrics.get(k), (int, float)))
+    """What of a trial's cost its time boxes bound: warm-up's timed steps and the measured window (0 for
+    what it did not report). Building, compiling and step 0 are in `time/warmup_s` but no box's."""
+    return sum(float(v) for k in (WARMUP_STEPS_S, WINDOW_S) if isinstance(v := metrics.get(k), (int, float)))
 
 
 def _interrupt_tune() -> bool:

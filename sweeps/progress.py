@@ -74,8 +74,8 @@ def planned_cost(spec: SweepSpec) -> str:
 @dataclass(frozen=True)
 class TrialCost:
     """What one ended trial cost: `cost_s`, its own wall time, start to end (not the cluster's or a warm
-    group's start-up); `boxed_s`, of that the seconds the time boxes bound (its `time/warmup_s` +
-    `time/window_s`; 0 when it reported neither)."""
+    group's start-up); `boxed_s`, of that the seconds the time boxes bound (its `time/warmup_steps_s` +
+    `time/window_s`; 0 when it reported neither): not its build, compilation or step 0."""
 
     precision: str
     cost_s: float
@@ -119,8 +119,8 @@ def price_s(spec: SweepSpec, precision: str | None, costs: Costs) -> float:
     The mean of the ended trials of that precision, the knob that sets a step's cost class (bf16 vs
     fp32 on Tensor Cores; emulated kernels on a CPU). With none ended yet, the mean of all ended trials,
     unless the sweep measured that precision emulated here: such steps are several times fp32's, so its
-    trials run until their time boxes end them, and cost what the ended trials cost beyond their warm-up
-    and window plus both boxes (when that is more). A precision a sampler has yet to pick (None): the
+    trials run until their time boxes end them, and cost what the ended trials cost beyond what their
+    boxes bound (start-up, build, step 0, validation, reports) plus both boxes (when that is more). A precision a sampler has yet to pick (None): the
     mean over the space's choices."""
     ended = costs.ended
     if not ended:

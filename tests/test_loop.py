@@ -163,6 +163,8 @@ def test_time_boxes_end_warm_up_and_window_on_the_clock_not_the_step_count(data_
     assert 3 <= final[contract.STEPS] < 100_000
     assert contract.throughput_cv_key("samples") in final  # never fewer sub-windows than the noise figure needs
     assert final[contract.WARMUP_S] < 3.0  # 1000 warm-up steps were not run
+    # what the warm-up box bounds is its timed steps (from step 1), not the build before them
+    assert 0 < final[contract.WARMUP_STEPS_S] < final[contract.WARMUP_S]
 
 
 def test_a_time_box_is_never_passed_by_a_whole_step() -> None:
@@ -194,3 +196,4 @@ def test_a_slow_configuration_keeps_the_steps_its_noise_figure_needs(data_dir: P
     final = train(cfg, rep, CPU)
     assert final[contract.STEPS] == 3 and contract.throughput_cv_key("samples") in final
     assert final[contract.seen_key("samples")] == (2 + 3) * 16  # two warm-up steps, three measured
+    assert 0.15 <= final[contract.WARMUP_STEPS_S] < final[contract.WARMUP_S]  # step 1 alone was timed

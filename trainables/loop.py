@@ -465,7 +465,7 @@ def _begin_window(t: _Trial, length: TrialLength, win: MeasuredWindow, ckpt: Che
     length.fix_lr_end(scheduler.last_epoch if scheduler is not None else step)
     # report about every report_interval_s
     report_every = max(1, int(cfg.report_interval_s / max(warm_step_s, 1e-9))) if warm_step_s else cfg.num_steps
-    win.start(sub_every, report_every)
+    win.start(sub_every, report_every, warm_step_s * (step - 1) if warm_step_s is not None else None)
 
 
 def _measured_step_done(t: _Trial, length: TrialLength, win: MeasuredWindow, ckpt: Checkpointer, scheduler: Any,
@@ -523,6 +523,8 @@ def _finish(final: dict[str, Any], t: _Trial, length: TrialLength, win: Measured
     (final[contract.LOOP_S],) = all_reduce([time.perf_counter() - loop_t0], device, op="max")
     if win.warm_end:  # before the measured window: build, loader start-up, compile, warm-up steps
         (final[contract.WARMUP_S],) = all_reduce([win.warm_end - loop_t0], device, op="max")
+    if win.warm_steps_s is not None:  # agreed when the window began
+        final[contract.WARMUP_STEPS_S] = win.warm_steps_s
     if t.rank == 0:
         final.update(device_facts(device) | t.tags)
         if t.telemetry is not None:

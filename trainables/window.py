@@ -95,6 +95,7 @@ class MeasuredWindow:
         self.report_every = 1
         self.warm_t0 = 0.0  # the timer's clock when the timed warm-up began (step 1)
         self.warm_end = 0.0  # perf_counter when the measured window began
+        self.warm_steps_s: float | None = None  # warm-up's timed steps, max over ranks (None: fewer than 2 steps)
         self._mark = (0.0, 0, 0, 0.0, 0)  # (elapsed, steps, items, data wait, bytes copied) at the previous report
 
     @property
@@ -113,8 +114,8 @@ class MeasuredWindow:
         """Seconds of the timed warm-up steps so far (this rank, from step 1 on)."""
         return self.timer.now(sync=True) - self.warm_t0
 
-    def start(self, sub_every: int, report_every: int) -> None:
-        self.sub_every, self.report_every = sub_every, report_every
+    def start(self, sub_every: int, report_every: int, warm_steps_s: float | None) -> None:
+        self.sub_every, self.report_every, self.warm_steps_s = sub_every, report_every, warm_steps_s
         self.timer.start()
         self.warm_end = time.perf_counter()
         self.marks.append((0.0, 0, 0))
