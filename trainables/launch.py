@@ -165,7 +165,7 @@ def _leave(code: int) -> None:
     outlives `destroy_process_group` (torch 2.13 keeps it referenced from C++), and so do its worker
     threads: one that drops the last reference to a collective's Python-owned tensor while the
     interpreter finalizes cannot take the GIL and ends the process by std::terminate (SIGABRT after
-    the final report was written: 2 in 12 two-rank runs on a loaded 2-core machine). Nothing is left
+    the final report was written: 4 in 14 two-rank runs beside two busy processes on a 2-core machine). Nothing is left
     to run here; what was written is flushed first."""
     logging.shutdown()
     sys.stdout.flush()
