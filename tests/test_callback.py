@@ -6,7 +6,7 @@ import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
-from sweeps.callback import _LIVE, SweepCallback, _boxed_s
+from sweeps.callback import _LIVE, SweepCallback, _boxed_s, _boxes
 from sweeps.search import release
 from sweeps.spec import parse_spec
 from sweeps.tracking import SweepTracker
@@ -104,3 +104,6 @@ def test_what_the_time_boxes_bound_leaves_out_the_build_and_step_0() -> None:
     assert _boxed_s({"time/warmup_s": 4.0, "time/warmup_steps_s": 2.5, "time/window_s": 5.0}) == 7.5
     assert _boxed_s({"time/warmup_s": 4.0, "time/window_s": 5.0}) == 5.0  # warm-up too short to time: no box ended it
     assert _boxed_s({}) == 0.0
+    # a window box without a warm-up box (e.g. only max_window_s with a quality constraint): warm-up is the trial's
+    assert _boxed_s({"time/warmup_steps_s": 2.5, "time/window_s": 5.0}, _boxes(5.0, 0.0)) == 5.0
+    assert _boxes(5.0, 3.0) == ("time/window_s", "time/warmup_steps_s") and _boxes(0.0, 0.0) == ()
