@@ -25,7 +25,7 @@ from sweeps.spec import SweepSpec
 from sweeps.tracking import SweepTracker
 from sweeps.trial import HALT_KEY
 from sweeps.verdict import verdict
-from trainables.contract import STEPS, WARMUP_STEPS_S, WINDOW_S
+from trainables.contract import STEPS
 
 
 def _trial_error(trial: Any) -> BaseException | None:
@@ -195,8 +195,8 @@ class SweepCallback(tune.Callback):
             self.echo(f"STOPPING the sweep: {why}. Fix that, then run the sweep again.")
 
     def _progress(self, row: TrialRow) -> str:
-        now, boxes = time.time(), _boxes(*self.spec.trial_clock()[1:])
-        ended = [TrialCost(self._precision(k), cost, _boxed_s(self.rows[k].metrics, boxes)) for k, cost in self._cost.items()]
+        now = time.time()
+        ended = [TrialCost.of(self._precision(k), cost, self.rows[k].metrics) for k, cost in self._cost.items()]
         running = [(self._precision(k), now - t) for k, t in self._began.items() if k not in self._ended]
         slow = self.speed_of_light.emulated_precisions() \
             if self.speed_of_light is not None and not self.spec.scaling.use_gpu else frozenset()
@@ -206,18 +206,6 @@ class SweepCallback(tune.Callback):
     def _precision(self, trial_id: str) -> str:
         return str(self.rows[trial_id].params.get("precision"))
 
-
-def _boxes(window_s: float, warmup_s: float) -> tuple[str, ...]:
-    """The metrics whose seconds the sweep's time boxes bound (`SweepSpec.trial_clock`): the window's
-    with `max_window_s`, warm-up's timed steps' with `max_warmup_s`."""
-    return tuple(k for k, box in ((WINDOW_S, window_s), (WARMUP_STEPS_S, warmup_s)) if box)
-
-
-def _boxed_s(metrics: dict[str, Any], boxes: tuple[str, ...] = (WARMUP_STEPS_S, WINDOW_S)) -> float:
-    """What of a trial's cost its time boxes bound (`boxes`: `_boxes`): warm-up's timed steps and the
-    measured window (0 for what it did not report). Building, compiling and step 0 are in
-    `time/warmup_s` but no box's; an unboxed warm-up is the trial's own."""
-    return sum(float(v) for k in boxes if isinstance(v := metrics.get(k), (int, float)))
 
 
 def _interrupt_tune() -> bool:

@@ -14,12 +14,12 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import Any, TextIO
 
 from sweeps.outcome import MEASURED, NOT_FAILED, UNFINISHED, TrialRow
 from sweeps.spec import CategoricalParam, FixedParam, SweepSpec
 from sweeps.verdict import cv_metric
-from trainables.contract import LOOP_S, WARMUP_S, WINDOW_S
+from trainables.contract import LOOP_S, WARMUP_S, WARMUP_STEPS_S, WINDOW_S
 
 
 @dataclass(frozen=True)
@@ -74,12 +74,25 @@ def planned_cost(spec: SweepSpec) -> str:
 @dataclass(frozen=True)
 class TrialCost:
     """What one ended trial cost: `cost_s`, its own wall time, start to end (not the cluster's or a warm
-    group's start-up); `boxed_s`, of that the seconds the time boxes bound (its `time/warmup_steps_s` +
-    `time/window_s`; 0 when it reported neither): not its build, compilation or step 0."""
+    group's start-up); of that, what the time boxes may bound: its measured window (`time/window_s`) and
+    warm-up's timed steps (`time/warmup_steps_s`; its build, compilation and step 0 are no box's)."""
 
     precision: str
     cost_s: float
-    boxed_s: float = 0.0
+    window_s: float = 0.0
+    warmup_steps_s: float = 0.0
+
+    @classmethod
+    def of(cls, precision: str, cost_s: float, metrics: dict[str, Any]) -> TrialCost:
+        """From a trial's final metrics (0 for a figure it did not report)."""
+        def seconds(key: str) -> float:
+            return float(v) if isinstance(v := metrics.get(key), (int, float)) else 0.0
+        return cls(precision, cost_s, seconds(WINDOW_S), seconds(WARMUP_STEPS_S))
+
+    def boxed_s(self, warmup_boxed: bool) -> float:
+        """The seconds the boxes bound: the window, and warm-up's timed steps where `max_warmup_s` is on
+        (an unboxed warm-up is the trial's own cost)."""
+        return self.window_s + (self.warmup_steps_s if warmup_boxed else 0.0)
 
 
 @dataclass(frozen=True)
@@ -120,8 +133,9 @@ def price_s(spec: SweepSpec, precision: str | None, costs: Costs) -> float:
     fp32 on Tensor Cores; emulated kernels on a CPU). With none ended yet, the mean of all ended trials,
     unless the sweep measured that precision emulated here: such steps are several times fp32's, so its
     trials run until their time boxes end them, and cost what the ended trials cost beyond what their
-    boxes bound (start-up, build, step 0, validation, reports) plus both boxes (when that is more). A precision a sampler has yet to pick (None): the
-    mean over the space's choices."""
+    boxes bound (`TrialCost.boxed_s`: the rest is start-up, build, step 0, validation, reports) plus
+    both boxes (when that is more). A precision a sampler has yet to pick (None): the mean over the
+    space's choices."""
     ended = costs.ended
     if not ended:
         return math.nan
@@ -134,7 +148,7 @@ def price_s(spec: SweepSpec, precision: str | None, costs: Costs) -> float:
     mean = statistics.fmean(c.cost_s for c in ended)
     _, window, warmup = spec.trial_clock()
     if precision in costs.emulated and window:
-        beyond = statistics.fmean(max(0.0, c.cost_s - c.boxed_s) for c in ended)
+        beyond = statistics.fmean(max(0.0, c.cost_s - c.boxed_s(warmup > 0)) for c in ended)
         return max(mean, beyond + warmup + window)
     return mean
 

@@ -6,7 +6,7 @@ import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
-from sweeps.callback import _LIVE, SweepCallback, _boxed_s, _boxes
+from sweeps.callback import _LIVE, SweepCallback
 from sweeps.search import release
 from sweeps.spec import parse_spec
 from sweeps.tracking import SweepTracker
@@ -97,13 +97,3 @@ def test_halting_interrupts_tune_through_its_sigint_handler_only_when_one_listen
         assert _interrupt_tune() is True and heard == [signal.SIGINT]
     finally:
         signal.signal(signal.SIGINT, previous)
-
-
-def test_what_the_time_boxes_bound_leaves_out_the_build_and_step_0() -> None:
-    # time/warmup_s holds the build, compilation and step 0; only the timed steps after them are boxed
-    assert _boxed_s({"time/warmup_s": 4.0, "time/warmup_steps_s": 2.5, "time/window_s": 5.0}) == 7.5
-    assert _boxed_s({"time/warmup_s": 4.0, "time/window_s": 5.0}) == 5.0  # warm-up too short to time: no box ended it
-    assert _boxed_s({}) == 0.0
-    # a window box without a warm-up box (e.g. only max_window_s with a quality constraint): warm-up is the trial's
-    assert _boxed_s({"time/warmup_steps_s": 2.5, "time/window_s": 5.0}, _boxes(5.0, 0.0)) == 5.0
-    assert _boxes(5.0, 3.0) == ("time/window_s", "time/warmup_steps_s") and _boxes(0.0, 0.0) == ()

@@ -152,17 +152,29 @@ def test_the_eta_prices_each_precision_by_its_own_trials_and_an_emulated_one_at_
 
     demo = parse_spec((Path(__file__).resolve().parents[1] / "examples" / "demo.yaml").read_text())  # boxes 3 + 5 s
     first = [TrialRow("t1", 1, {"precision": "32"}, status="ok")]  # the grid's first point; 3 fp32, 4 bf16 to come
-    fp32 = TrialCost("32", 6.0, boxed_s=5.5)  # 0.5 s beyond its warm-up and window
+    fp32 = TrialCost("32", 6.0, window_s=5.0, warmup_steps_s=0.5)  # 0.5 s beyond its timed warm-up and window
     assert remaining_s(demo, first, Costs([fp32])) == 7 * 6.0  # bf16 native here: no reason to price it apart
     # bf16 measured emulated before the trials: its trials run into both boxes, 0.5 + 3 + 5 s each
     assert remaining_s(demo, first, Costs([fp32], emulated=frozenset({"bf16-mixed"}))) == 3 * 6.0 + 4 * 8.5
     # once a bf16 trial ended, bf16 is priced by what it cost
     rows = first + [TrialRow(f"t{i}", i, {"precision": "32"}, status="ok") for i in (2, 3, 4)] + \
         [TrialRow("t5", 5, {"precision": "bf16-mixed"}, status="ok")]
-    ended = [fp32] * 4 + [TrialCost("bf16-mixed", 11.0, boxed_s=9.0)]
+    ended = [fp32] * 4 + [TrialCost("bf16-mixed", 11.0, window_s=5.0, warmup_steps_s=4.0)]
     assert remaining_s(demo, rows, Costs(ended, emulated=frozenset({"bf16-mixed"}))) == 3 * 11.0
     # a sampler's trials (no grid): priced at the mean over the precision choices
     tpe = parse_spec("name: p\ntrainable: {name: mlp-tabular}\nspace: {precision: {type: categorical, choices: "
                      "['32', 'bf16-mixed']}}\nbudget: {num_trials: 3, num_steps: 2}\n")
     one = [TrialRow("t1", 1, {"precision": "32"}, status="ok")]
     assert remaining_s(tpe, one, Costs([fp32], emulated=frozenset({"bf16-mixed"}))) == 2 * (6.0 + 8.5) / 2
+
+
+def test_what_the_time_boxes_bound_leaves_out_the_build_and_step_0() -> None:
+    from sweeps.progress import TrialCost
+
+    # time/warmup_s holds the build, compilation and step 0; only the timed steps after them are boxed
+    assert TrialCost.of("32", 9.0, {"time/warmup_s": 4.0, "time/warmup_steps_s": 2.5, "time/window_s": 5.0}).boxed_s(True) == 7.5
+    assert TrialCost.of("32", 9.0, {"time/warmup_s": 4.0, "time/window_s": 5.0}).boxed_s(True) == 5.0  # warm-up too short to time
+    assert TrialCost.of("32", 9.0, {}).boxed_s(True) == 0.0
+    # a window box without a warm-up box (e.g. only max_window_s with a quality constraint): warm-up is the trial's
+    assert TrialCost.of("32", 9.0, {"time/warmup_steps_s": 2.5, "time/window_s": 5.0}).boxed_s(False) == 5.0
+
