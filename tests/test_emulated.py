@@ -28,6 +28,14 @@ FLOP_PER_SAMPLE = 123e6  # what puts a 60/s bf16 trial at ~217% of the emulated 
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True)
+def no_kernel_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests set the kernel variables they mean; one the shell running the suite set (e.g. the whole
+    suite run under `ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2`) must not leak into what they read."""
+    for name in KERNEL_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
 def cpu_row(number: int, precision: str, tput: float, figures: dict[str, float], batch: int = 128, cv: float = 2.0,
             isa: str = "avx2 avx512f", **params: object) -> TrialRow:
     """A finished 2-rank CPU trial as the sweep keeps it: scored against `figures`, its one-trial verdict set."""
@@ -84,8 +92,6 @@ def test_the_doctor_records_the_flags_and_the_kernel_variables(monkeypatch: pyte
 
 
 def test_quick_figures_are_cached_per_kernel_setting(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in KERNEL_ENV:
-        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     measured: list[str] = []
 

@@ -99,7 +99,11 @@ def test_gpt2_small_preset_is_124m_parameters() -> None:
     assert flops_per_token(model, p) == pytest.approx(6 * (124_475_904 - 1024 * 768) + 12 * 12 * 768 * 1024)
 
 
-def test_compile_knob_matches_eager(data_dir: Path) -> None:
+def test_compile_knob_matches_eager(data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its own inductor cache (torch 2.13's key leaves ATEN_CPU_CAPABILITY out): kernels cached without that
+    # variable gave a NaN loss when loaded under ATEN_CPU_CAPABILITY=avx2, and those cached under it aborted
+    # the process when loaded without it (both seen on the AMD EPYC with avx512_bf16, 2026-11-25).
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     cfg = dict(workload="gpt-lm", workload_params=TINY["gpt-lm"], batch_size=8, precision="32", lr=1e-2,
                num_steps=3, num_warmup_steps=2, data_dir=str(data_dir))
     eager = train(TrialConfig(**cfg), ListReporter(), CPU)  # type: ignore[arg-type]
