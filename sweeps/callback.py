@@ -18,7 +18,7 @@ from sweeps.breaker import FailureStreak
 from sweeps.failures import failure_of
 from sweeps.outcome import MEASURED, TrialRow, end_status
 from sweeps.progress import Costs, TrialCost, progress_line
-from sweeps.search import knobs_of, oom_label, record_oom, shared
+from sweeps.search import grid_skips, knobs_of, oom_label, record_oom, shared
 from sweeps.sol import SpeedOfLight
 from sweeps.space import resolve_trial, trial_params
 from sweeps.spec import SweepSpec
@@ -167,11 +167,12 @@ class SweepCallback(tune.Callback):
             tags = {"sweep.verdict": v.name, "sweep.verdict_reason": v.reason}
         self.tracker.trial_ended(trial_id, status in (*MEASURED, "pruned"), status, reason, tags)
         row.run_id = row.run_id or self.tracker.run_id(trial_id)
+        knobs = knobs_of(self.spec, row) if status == "oom" else {}
+        if knobs:  # before the progress line: the grid points it rules out are no longer to come
+            record_oom(self.token, knobs)
         self.echo(self._progress(row))
         self._count_failure(status, reason)
-        if status == "oom":
-            knobs = knobs_of(self.spec, row)
-            record_oom(self.token, knobs)
+        if knobs:
             self.echo(f"out of memory at batch_size={knobs['batch_size']} with {oom_label(knobs)}: "
                       "no batch this large or larger will be tried with those settings")
 
@@ -200,8 +201,10 @@ class SweepCallback(tune.Callback):
         running = [(self._precision(k), now - t) for k, t in self._began.items() if k not in self._ended]
         slow = self.speed_of_light.emulated_precisions() \
             if self.speed_of_light is not None and not self.spec.scaling.use_gpu else frozenset()
+        fixed = self.spec.fixed_knobs()
+        skipped = [str({**fixed, **p}.get("precision")) for p in grid_skips(self.token, fixed)]
         return progress_line(self.spec, row, list(self.rows.values()), time.monotonic() - self.t0,
-                             Costs(ended, running, slow))
+                             Costs(ended, running, slow, skipped))
 
     def _precision(self, trial_id: str) -> str:
         return str(self.rows[trial_id].params.get("precision"))

@@ -34,13 +34,19 @@ class Status:
     elapsed_s: float
     eta_s: float  # nan before the first trial ends
     at: float
+    skipped: int = 0  # grid points that will never run (out of memory bounds): done + skipped reaches total
+
+    @property
+    def over(self) -> bool:
+        return self.done + self.skipped >= self.total
 
     def text(self, now: float | None = None) -> str:
         """The status, with elapsed and ETA moved on to `now`."""
         waited = max(0.0, (now if now is not None else self.at) - self.at)
         eta = f"{max(0.0, self.eta_s - waited):.0f}s" if math.isfinite(self.eta_s) else "?"
         best = f" | best {self.best}" if self.best else ""
-        return (f"done {self.done}/{self.total}, running {self.running}, failed {self.failed}{best} | "
+        skipped = f" ({self.skipped} skipped: out of memory bounds)" if self.skipped else ""
+        return (f"done {self.done}/{self.total}{skipped}, running {self.running}, failed {self.failed}{best} | "
                 f"elapsed {self.elapsed_s + waited:.0f}s, ETA {eta}")
 
 
@@ -99,25 +105,28 @@ class TrialCost:
 class Costs:
     """What the ETA knows beyond the rows: the trials this driver saw end (`ended`), each running trial's
     precision and seconds run so far (`running`), and the precisions the sweep measured emulated on this
-    machine before its first trial (`emulated`: a CPU's bf16/fp16 without native kernels, `sweeps.sol`)."""
+    machine before its first trial (`emulated`: a CPU's bf16/fp16 without native kernels, `sweeps.sol`), and
+    the precision of each grid point that will never run (`skipped`: out of memory bounds, `search.grid_skips`)."""
 
     ended: list[TrialCost]
     running: list[tuple[str, float]] = field(default_factory=list)
     emulated: frozenset[str] = frozenset()
+    skipped: list[str] = field(default_factory=list)
 
 
-def upcoming(spec: SweepSpec, rows: list[TrialRow]) -> list[str | None]:
-    """The precision of each trial not yet started: grid search's points still to run, in order; None
-    where a sampler has yet to pick it."""
-    n = max(0, spec.budget.num_trials - len(rows))
+def upcoming(spec: SweepSpec, rows: list[TrialRow], skipped: list[str] | None = None) -> list[str | None]:
+    """The precision of each trial not yet started: grid search's points still to run, in order, less
+    those that never will (`skipped`, their precisions); None where a sampler has yet to pick it."""
+    n = max(0, spec.budget.num_trials - len(rows) - len(skipped or []))
     precision = spec.space.precision
     if isinstance(precision, FixedParam):
         return [str(precision.value)] * n
     if spec.search.algorithm != "grid":
         return [None] * n
     left = [str(p.get("precision")) for p in spec.space.grid_points()]
-    for r in rows:  # each started trial took one point of its precision
-        if (p := str(r.params.get("precision"))) in left:
+    taken = [str(r.params.get("precision")) for r in rows] + list(skipped or [])
+    for p in taken:  # each started or skipped trial took one point of its precision
+        if p in left:
             left.remove(p)
     return (left + [None] * n)[:n]
 
@@ -159,7 +168,7 @@ def remaining_s(spec: SweepSpec, rows: list[TrialRow], costs: Costs) -> float:
     if not costs.ended:
         return math.nan
     running = sum(max(0.0, price_s(spec, p, costs) - t) for p, t in costs.running)
-    waiting = sum(price_s(spec, p, costs) for p in upcoming(spec, rows))
+    waiting = sum(price_s(spec, p, costs) for p in upcoming(spec, rows, costs.skipped))
     return (waiting + running) / spec.budget.max_concurrent_trials
 
 
@@ -179,7 +188,8 @@ def sweep_status(spec: SweepSpec, rows: list[TrialRow], elapsed: float, costs: C
         eta = remaining_s(spec, rows, costs)
     else:
         eta = elapsed / len(done) * (total - len(done)) if done else math.nan
-    return Status(len(done), total, len(rows) - len(done), len(failed), best, elapsed, eta, time.monotonic())
+    skipped = len(costs.skipped) if costs is not None else 0
+    return Status(len(done), total, len(rows) - len(done), len(failed), best, elapsed, eta, time.monotonic(), skipped)
 
 
 def progress_line(spec: SweepSpec, row: TrialRow, rows: list[TrialRow], elapsed: float,
@@ -223,7 +233,7 @@ class Terminal:
         out, live = self.stream, self.live()
         out.write(("\r\x1b[K" if live and self._drawn else "") + f"{line}\n")
         self._drawn = False
-        if live and self._status is not None and self._status.done < self._status.total:
+        if live and self._status is not None and not self._status.over:
             # The cursor goes back to column 0: a line someone else prints (Ray's worker logs)
             # overwrites the status instead of being glued to its end; the next event redraws it.
             out.write(f"\x1b[7m{self._status.text(time.monotonic())}\x1b[0m\r")

@@ -48,6 +48,8 @@ class Shared:
     probed: set[tuple[Any, ...]] = field(default_factory=set)  # oom_keys whose frontier the memory probe measured
     probe_oom: dict[tuple[Any, ...], int] = field(default_factory=dict)  # oom_key -> smallest batch the probe saw fail
     failures: dict[str, str] = field(default_factory=dict)  # errored trial id -> failure kind
+    grid_left: list[dict[str, Any]] = field(default_factory=list)  # grid points the searcher has yet to hand out
+    grid_skipped: list[dict[str, Any]] = field(default_factory=list)  # grid points it skipped (out of memory bounds)
 
 
 _SHARED: dict[str, Shared] = {}
@@ -115,6 +117,13 @@ def oom_excluded(token: str, knobs: dict[str, Any]) -> int | None:
     return bound if bound is not None and int(knobs["batch_size"]) >= bound else None
 
 
+def grid_skips(token: str, fixed: dict[str, Any]) -> list[dict[str, Any]]:
+    """The grid points that will never run: those the searcher skipped, and those still to hand out that
+    what ran out of memory since rules out (`oom_excluded`). Empty outside grid mode."""
+    s = shared(token)
+    return [*s.grid_skipped, *(p for p in s.grid_left if oom_excluded(token, {**fixed, **p}) is not None)]
+
+
 def oom_skip_reason(token: str, knobs: dict[str, Any]) -> str:
     """Why `oom_excluded` rules `knobs` out, for the log."""
     same, unmeasured = _bounds(token, knobs)
@@ -143,8 +152,10 @@ class SweepSearch(Searcher):
         self._fixed = fixed
         self._constraints = list(constraints)
         self._grid = list(grid) if grid is not None else None
+        self._skipped: list[dict[str, Any]] = []  # grid points skipped as out of memory bounds
         self._asked: dict[str, optuna.trial.Trial] = {}  # Tune trial id -> its open Optuna trial
         self._deferred: dict[str, optuna.trial.Trial] = {}  # errored trials waiting for the callback to classify them
+        self._publish()
 
     def set_search_properties(self, metric: str | None, mode: str | None, config: dict[str, Any], **spec: Any) -> bool:
         return True  # metric, mode and space come from the sweep spec, not from Tune
@@ -172,14 +183,23 @@ class SweepSearch(Searcher):
 
     def _suggest_grid(self, trial_id: str) -> dict[str, Any] | None:
         assert self._grid is not None
-        while self._grid:
-            point = self._grid.pop(0)
-            knobs = {**self._fixed, **point}
-            if oom_excluded(self._token, knobs) is None:
-                self._study.enqueue_trial(point)
-                return self._ask(trial_id)
-            logger.info("grid: skipping %s: %s", point, oom_skip_reason(self._token, knobs))
-        return Searcher.FINISHED  # type: ignore[return-value]
+        try:
+            while self._grid:
+                point = self._grid.pop(0)
+                knobs = {**self._fixed, **point}
+                if oom_excluded(self._token, knobs) is None:
+                    self._study.enqueue_trial(point)
+                    return self._ask(trial_id)
+                logger.info("grid: skipping %s: %s", point, oom_skip_reason(self._token, knobs))
+                self._skipped.append(point)
+            return Searcher.FINISHED  # type: ignore[return-value]
+        finally:
+            self._publish()
+
+    def _publish(self) -> None:
+        """What is left of the grid, for the progress lines (`grid_skips`)."""
+        s = shared(self._token)
+        s.grid_left, s.grid_skipped = list(self._grid or []), list(self._skipped)
 
     # -- learning ----------------------------------------------------------------------
 
@@ -242,6 +262,8 @@ class SweepSearch(Searcher):
     def restore(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "rb") as f:
             self.__dict__.update(pickle.load(f))
+        self.__dict__.setdefault("_skipped", [])  # saved before it was kept
+        self._publish()
 
     @property
     def study(self) -> optuna.study.Study:

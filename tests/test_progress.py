@@ -178,3 +178,18 @@ def test_what_the_time_boxes_bound_leaves_out_the_build_and_step_0() -> None:
     # a window box without a warm-up box (e.g. only max_window_s with a quality constraint): warm-up is the trial's
     assert TrialCost.of("32", 9.0, {"time/warmup_steps_s": 2.5, "time/window_s": 5.0}).boxed_s(False) == 5.0
 
+
+
+def test_grid_points_that_will_never_run_leave_the_eta_and_are_counted_as_skipped() -> None:
+    from sweeps.progress import Costs, TrialCost, remaining_s, sweep_status
+
+    demo = parse_spec((Path(__file__).resolve().parents[1] / "examples" / "demo.yaml").read_text())  # 8 points
+    first = [TrialRow("t1", 1, {"precision": "32"}, status="ok")]  # 3 fp32 and 4 bf16 points to come
+    fp32 = TrialCost("32", 6.0)
+    # two bf16 points out of memory bounds (search.grid_skips): 3 fp32 + 2 bf16 left, at fp32's price here
+    assert remaining_s(demo, first, Costs([fp32], skipped=["bf16-mixed", "bf16-mixed"])) == 5 * 6.0
+    status = sweep_status(demo, first, elapsed=9.0, costs=Costs([fp32], skipped=["bf16-mixed", "bf16-mixed"]))
+    assert "done 1/8 (2 skipped: out of memory bounds)" in status.text() and not status.over
+    rows = first + [TrialRow(f"t{i}", i, {"precision": "32"}, status="oom") for i in range(2, 7)]
+    last = sweep_status(demo, rows, elapsed=40.0, costs=Costs([fp32] * 6, skipped=["bf16-mixed"] * 2))
+    assert last.over and last.eta_s == 0.0  # 6 ran, 2 never will: nothing is left to wait for

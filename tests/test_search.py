@@ -10,7 +10,7 @@ from typing import Any
 import optuna
 import pytest
 
-from sweeps.search import SweepSearch, make_scheduler, make_searcher, record_oom, release, shared
+from sweeps.search import SweepSearch, grid_skips, make_scheduler, make_searcher, record_oom, release, shared
 from sweeps.spec import parse_spec
 from trainables.contract import FINAL
 
@@ -124,6 +124,8 @@ def test_constraints_teach_the_sampler_the_infeasible_region(token: str) -> None
 def test_grid_visits_every_point_once_smallest_batch_first_and_skips_above_oom(token: str) -> None:
     text = SPEC.replace("num_trials: 50", "num_trials: 8") + "search: {algorithm: grid}\n"
     search = _searcher(text, token)
+    fixed = parse_spec(text).fixed_knobs()
+    assert grid_skips(token, fixed) == []
     seen = []
     for i in range(8):
         p = search.suggest(f"t{i}")
@@ -134,11 +136,14 @@ def test_grid_visits_every_point_once_smallest_batch_first_and_skips_above_oom(t
             search.on_trial_complete(f"t{i}", error=True)
             shared(token).failures[f"t{i}"] = "oom"
             record_oom(token, {**p, "compile": False, "num_workers": 2})
+            # the progress lines learn at once which points will never run, before the searcher reaches them
+            assert [(q["precision"], q["batch_size"]) for q in grid_skips(token, fixed)] == [("32", 64), ("32", 128)]
         else:
             search.on_trial_complete(f"t{i}", {TPUT: 1.0, FINAL: 1})
     assert seen == [("32", 16), ("32", 32), ("bf16-mixed", 16), ("bf16-mixed", 32), ("bf16-mixed", 64),
                     ("bf16-mixed", 128)]
     assert search.suggest("after") == search.FINISHED
+    assert [(q["precision"], q["batch_size"]) for q in grid_skips(token, fixed)] == [("32", 64), ("32", 128)]
 
 
 def test_multi_objective_tells_both_values(token: str) -> None:

@@ -123,6 +123,9 @@ def test_grid_with_oom_and_divergence_classifies_skips_and_never_picks_them(ray_
     assert "nan" in by_batch[16].reason.lower()
     assert outcome.best is by_batch[32]  # neither the OOM nor the NaN trial is ever best
     assert any("out of memory at batch_size=64" in line for line in lines)
+    # the OOM's own progress line already knows batch 128 will not run: nothing is left to wait for
+    oom_line = next(line for line in lines if line.startswith("[trial 3/4] FAILED (oom"))
+    assert "done 3/4 (1 skipped: out of memory bounds)" in oom_line and oom_line.endswith("ETA 0s"), oom_line
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     diverged = client.get_run(by_batch[16].run_id)
     assert diverged.data.tags["sweep.status"] == "diverged" and "loss/val" not in diverged.data.metrics
