@@ -77,6 +77,20 @@ def test_hung_ddp_peer_times_out_and_leaves_no_process(tmp_path: Path) -> None:
     assert ranks and not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in ranks)
 
 
+def test_a_failing_torchrun_run_exits_1_after_its_traceback_not_by_a_signal(tmp_path: Path) -> None:
+    # Both ranks diverge (NaN loss at batch 16) after DDP's all-reduces ran: each says why and leaves with
+    # status 1. Left to the interpreter's exit, the gloo group's threads could end a rank by SIGABRT
+    # ("terminate called without an active exception"; trainables.launch._leave), hiding the status.
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "trainables.launch", "--workload", "tests.faulty:nan_at_16_oom_above_32", "--num-steps", "8",
+           "--num-warmup-steps", "2", "--batch-size", "16", "--metrics-path", str(tmp_path / "m.jsonl")]
+    done = subprocess.run(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode != 0 and done.stderr.count("DivergedError: training loss became nan") >= 2, done.stderr[-3000:]
+    assert "exitcode  : 1 " in done.stderr and "SIGABRT" not in done.stderr and "exitcode  : -6" not in done.stderr, \
+        done.stderr[-3000:]
+
+
 def test_a_rank_crashing_once_under_torchrun_resumes_from_the_last_checkpoint(tmp_path: Path) -> None:
     # Without Ray: torchrun restarts the worker group once; the launcher resumes it from the
     # checkpoint it kept in --checkpoint-dir (rank 1 dies at measured step 13, after the one at 10).

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import sys
+import traceback
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -165,13 +166,22 @@ def _leave(code: int) -> None:
     outlives `destroy_process_group` (torch 2.13 keeps it referenced from C++), and so do its worker
     threads: one that drops the last reference to a collective's Python-owned tensor while the
     interpreter finalizes cannot take the GIL and ends the process by std::terminate (SIGABRT after
-    the final report was written: 4 in 14 two-rank runs beside two busy processes on a 2-core machine). Nothing is left
-    to run here; what was written is flushed first."""
+    the final report was written: 4 in 14 two-rank runs beside two busy processes on a 2-core machine). A run
+    that failed leaves the same way, after its traceback, with exit status 1 (torchrun then names the rank and
+    its status, not a SIGABRT). Nothing is left to run here; what was written is flushed first."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
 
 
+def _run() -> int:
+    try:
+        return main()
+    except Exception:  # noqa: BLE001 - said in full, then the process leaves as a finished one does
+        traceback.print_exc()
+        return 1
+
+
 if __name__ == "__main__":
-    _leave(main())
+    _leave(_run())
