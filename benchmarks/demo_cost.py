@@ -4,7 +4,9 @@ Runs `sweeps run --restart examples/demo.yaml` as a new user would (a fresh work
 speed-of-light cache, local Ray, the embedded MLflow store), once per mode:
 - `native`: the machine as it is;
 - `emulated`: `ONEDNN_MAX_CPU_ISA=AVX2`, which makes oneDNN run bf16 by converting to fp32 on any x86
-  CPU (the class of a CPU without avx512_bf16/AMX).
+  CPU (the class of a CPU without avx512_bf16/AMX);
+- `avx2`: that and `ATEN_CPU_CAPABILITY=avx2`, so none of torch's kernels uses AVX-512 (the nearest this
+  machine gets to a CPU without AVX-512 at all, such as the AMD EPYC of issue 27; its clock stays this one's).
 
 Per mode: the sweep's wall time ("finished in"), the ETA printed after the first trial against the time
 that really remained (first_eta_error_pct = (ETA - remaining) / remaining x 100, remaining = sweep wall -
@@ -12,7 +14,7 @@ elapsed at that line), the largest `perf/sol_pct` of any trial, and whether ever
 emulation. Goals (issue 27, on a 2-core CPU without avx512_bf16): sweep <= 180 s, |first ETA error| <=
 25%, no sol_pct above 100, the bf16 verdicts name emulation.
 
-    .venv/bin/python benchmarks/demo_cost.py [--modes native,emulated]
+    .venv/bin/python benchmarks/demo_cost.py [--modes native,emulated,avx2]
 """
 
 from __future__ import annotations
@@ -38,8 +40,10 @@ _WALL = re.compile(r"^Sweep \S+ finished in (\d+)s: (\d+)/(\d+) trials ok")
 def run(mode: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="demo-cost-") as tmp:
         env = {**os.environ, "XDG_CACHE_HOME": str(Path(tmp) / "cache")}
-        if mode == "emulated":
+        if mode in ("emulated", "avx2"):
             env["ONEDNN_MAX_CPU_ISA"] = "AVX2"
+        if mode == "avx2":
+            env["ATEN_CPU_CAPABILITY"] = "avx2"
         cmd = [sys.executable, "-m", "sweeps", "run", "--restart", str(REPO / "examples" / "demo.yaml")]
         proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=1800)
         out = proc.stdout.splitlines()
@@ -53,12 +57,17 @@ def run(mode: str) -> dict[str, Any]:
         verdicts = [v for (v,) in db.execute(
             "select t.value from tags t join params p on t.run_uuid = p.run_uuid "
             "where t.key = 'sweep.verdict_reason' and p.key = 'precision' and p.value = 'bf16-mixed'")]
+        rates = {prec: sorted(round(v) for (v,) in db.execute(
+            "select m.value from latest_metrics m join params p on m.run_uuid = p.run_uuid join params b "
+            "on b.run_uuid = m.run_uuid where m.key = 'throughput/samples_per_s' and p.key = 'precision' and "
+            "p.value = ? and b.key = 'batch_size' and b.value = '64'", (prec,))) for prec in ("32", "bf16-mixed")}
         db.close()
     remaining = wall - elapsed
     return {"mode": mode, "sweep_s": wall, "trials_ok": ok, "trials": total, "first_eta_s": eta,
             "first_eta_remaining_s": remaining, "first_eta_error_pct": 100.0 * (eta - remaining) / remaining,
             "max_sol_pct": max(sol) if sol else None, "bf16_trials": len(verdicts),
-            "bf16_verdicts_name_emulation": sum("emulated" in v for v in verdicts)}
+            "bf16_verdicts_name_emulation": sum("emulated" in v for v in verdicts),
+            "fp32_b64_samples_per_s": rates["32"], "bf16_b64_samples_per_s": rates["bf16-mixed"]}
 
 
 def main() -> None:
@@ -66,11 +75,13 @@ def main() -> None:
     ap.add_argument("--modes", default="native,emulated")
     a = ap.parse_args()
     rows = [run(mode) for mode in a.modes.split(",")]
-    print(table(["mode", "sweep s", "ok", "first ETA s", "remaining s", "ETA error %", "max sol %", "bf16 'emulated'"],
+    print(table(["mode", "sweep s", "ok", "first ETA s", "remaining s", "ETA error %", "max sol %", "bf16 'emulated'",
+                 "fp32 / bf16 at batch 64 (samples/s)"],
                 [[r["mode"], str(r["sweep_s"]), f"{r['trials_ok']}/{r['trials']}", str(r["first_eta_s"]),
                   str(r["first_eta_remaining_s"]), f"{r['first_eta_error_pct']:+.0f}",
                   f"{r['max_sol_pct']:.1f}" if r["max_sol_pct"] is not None else "-",
-                  f"{r['bf16_verdicts_name_emulation']}/{r['bf16_trials']}"] for r in rows]))
+                  f"{r['bf16_verdicts_name_emulation']}/{r['bf16_trials']}",
+                  f"{r['fp32_b64_samples_per_s']} / {r['bf16_b64_samples_per_s']}"] for r in rows]))
     record("demo_cost", f"benchmarks/demo_cost.py --modes {a.modes}", rows)
 
 

@@ -1,8 +1,9 @@
 """Where a bare Ray Train run's time goes: start-up (fit() -> rank 0's train function starts) and
 teardown (rank 0's function returns -> fit() returns), and which actors each run starts.
 
-A warm local Ray (2 CPUs, the lean settings `sweeps run` uses), N runs of a 2-worker gloo
-`TorchTrainer` whose train function only records the time.
+A warm local Ray (2 CPUs, the lean settings `sweeps run` uses), N runs each, alternating, of a 2-worker
+gloo trainer whose train function only records the time: Ray's `TorchTrainer` (`stock`), and the one
+`sweeps` starts (`lean`: without Ray Data's callback when there are no datasets, `sweeps.trial`).
 
     .venv/bin/python benchmarks/train_startup.py [--runs 3]
 """
@@ -42,29 +43,42 @@ def main() -> None:
 
     ray.init(num_cpus=2, include_dashboard=True, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(REPO), **LEAN_TRAIN_ENV}})
-    stats: dict[str, list[float]] = {"start-up": [], "teardown": [], "total": []}
+    from sweeps.trial import _lean_torch_trainer
+
+    kinds = {"stock": TorchTrainer, "lean": _lean_torch_trainer()}
+    stats: dict[str, dict[str, list[float]]] = {k: {"start-up": [], "teardown": [], "total": []} for k in kinds}
+    actors: dict[str, Counter[str]] = {}
     try:
         for i in range(args.runs):
-            with tempfile.TemporaryDirectory() as tmp:
-                stamp = Path(tmp) / "start"
-                t0 = time.time()
-                TorchTrainer(_mark_start, train_loop_config={"stamp": str(stamp)}, torch_config=TorchConfig(backend="gloo"),
-                             scaling_config=ray.train.ScalingConfig(num_workers=2),
-                             run_config=ray.train.RunConfig(name="bare", storage_path=tmp)).fit()
-                t1 = time.time()
-                started = float(stamp.read_text())
-            for key, value in (("start-up", started - t0), ("teardown", t1 - started), ("total", t1 - t0)):
-                stats[key].append(value)
-            print(f"run {i + 1}: start-up {started - t0:.2f} s, teardown {t1 - started:.2f} s", flush=True)
-        actors = Counter(a.class_name for a in list_actors(limit=10_000, raise_on_missing_output=False))
+            for kind, trainer in kinds.items():
+                before = Counter(a.class_name for a in list_actors(limit=10_000, raise_on_missing_output=False))
+                with tempfile.TemporaryDirectory() as tmp:
+                    stamp = Path(tmp) / "start"
+                    t0 = time.time()
+                    trainer(_mark_start, train_loop_config={"stamp": str(stamp)}, torch_config=TorchConfig(backend="gloo"),
+                            scaling_config=ray.train.ScalingConfig(num_workers=2),
+                            run_config=ray.train.RunConfig(name="bare", storage_path=tmp)).fit()
+                    t1 = time.time()
+                    started = float(stamp.read_text())
+                for key, value in (("start-up", started - t0), ("teardown", t1 - started), ("total", t1 - t0)):
+                    stats[kind][key].append(value)
+                after = Counter(a.class_name for a in list_actors(limit=10_000, raise_on_missing_output=False))
+                actors.setdefault(kind, Counter()).update(after - before)
+                print(f"run {i + 1} {kind}: start-up {started - t0:.2f} s, teardown {t1 - started:.2f} s", flush=True)
     finally:
         ray.shutdown()
-    print(table(["phase", "s, median (min-max)"],
-                [[k, f"{summary(v)['median']:.2f} ({summary(v)['min']:.2f}-{summary(v)['max']:.2f})"] for k, v in stats.items()]))
-    print(f"actors started over {args.runs} runs: " + ", ".join(f"{name} x{n}" for name, n in sorted(actors.items())))
-    record("train_startup", f"benchmarks/train_startup.py --runs {args.runs}",
-           [{"figure": k, **summary(v)} for k, v in stats.items()] + [{"actors": dict(actors)}])
-
+    rows = []
+    for kind in kinds:
+        print(table(["phase", f"{kind}: s, median (min-max)"],
+                    [[k, f"{summary(v)['median']:.2f} ({summary(v)['min']:.2f}-{summary(v)['max']:.2f})"]
+                     for k, v in stats[kind].items()]))
+        print(f"actors {kind} started over {args.runs} runs: " + ", ".join(f"{n} x{c}" for n, c in sorted(actors[kind].items())))
+        rows += [{"trainer": kind, "figure": k, **summary(v)} for k, v in stats[kind].items()]
+        rows.append({"trainer": kind, "actors": dict(actors[kind])})
+    ratio = summary(stats["lean"]["start-up"])["median"] / summary(stats["stock"]["start-up"])["median"]
+    print(f"start-up, lean / stock (medians): {ratio:.2f}")
+    rows.append({"figure": "start-up lean/stock", "ratio": ratio})
+    record("train_startup", f"benchmarks/train_startup.py --runs {args.runs}", rows)
 
 if __name__ == "__main__":
     main()
