@@ -20,6 +20,7 @@ emulation. Goals (issue 27, on a 2-core CPU without avx512_bf16): sweep <= 180 s
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sqlite3
@@ -39,7 +40,8 @@ _WALL = re.compile(r"^Sweep \S+ finished in (\d+)s: (\d+)/(\d+) trials ok")
 
 def run(mode: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="demo-cost-") as tmp:
-        env = {**os.environ, "XDG_CACHE_HOME": str(Path(tmp) / "cache")}
+        env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")}
+        env["XDG_CACHE_HOME"] = str(Path(tmp) / "cache")
         if mode in ("emulated", "avx2"):
             env["ONEDNN_MAX_CPU_ISA"] = "AVX2"
         if mode == "avx2":
@@ -60,7 +62,8 @@ def run(mode: str) -> dict[str, Any]:
         rates = {prec: sorted(round(v) for (v,) in db.execute(
             "select m.value from latest_metrics m join params p on m.run_uuid = p.run_uuid join params b "
             "on b.run_uuid = m.run_uuid where m.key = 'throughput/samples_per_s' and p.key = 'precision' and "
-            "p.value = ? and b.key = 'batch_size' and b.value = '64'", (prec,))) for prec in ("32", "bf16-mixed")}
+            "p.value = ? and b.key = 'batch_size' and b.value = '64'", (prec,)) if math.isfinite(v))
+                 for prec in ("32", "bf16-mixed")}
         db.close()
     remaining = wall - elapsed
     return {"mode": mode, "sweep_s": wall, "trials_ok": ok, "trials": total, "first_eta_s": eta,

@@ -50,7 +50,7 @@ def main() -> None:
     actors: dict[str, Counter[str]] = {}
     try:
         for i in range(args.runs):
-            for kind, trainer in kinds.items():
+            for kind, trainer in (list(kinds.items()) if i % 2 == 0 else list(kinds.items())[::-1]):  # neither always first
                 before = Counter(a.class_name for a in list_actors(limit=10_000, raise_on_missing_output=False))
                 with tempfile.TemporaryDirectory() as tmp:
                     stamp = Path(tmp) / "start"

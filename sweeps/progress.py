@@ -167,9 +167,10 @@ def remaining_s(spec: SweepSpec, rows: list[TrialRow], costs: Costs) -> float:
     is left of its price, `max_concurrent_trials` at a time. nan before any trial ended."""
     if not costs.ended:
         return math.nan
-    running = sum(max(0.0, price_s(spec, p, costs) - t) for p, t in costs.running)
+    left = [max(0.0, price_s(spec, p, costs) - t) for p, t in costs.running]
     waiting = sum(price_s(spec, p, costs) for p in upcoming(spec, rows, costs.skipped))
-    return (waiting + running) / spec.budget.max_concurrent_trials
+    # no sooner than the running trial with the most left: slots do not share one trial's time
+    return max(max(left, default=0.0), (waiting + sum(left)) / spec.budget.max_concurrent_trials)
 
 
 def sweep_status(spec: SweepSpec, rows: list[TrialRow], elapsed: float, costs: Costs | None = None) -> Status:
@@ -184,11 +185,11 @@ def sweep_status(spec: SweepSpec, rows: list[TrialRow], elapsed: float, costs: C
     if ranked:
         b = (max if mode == "max" else min)(ranked, key=lambda r: r.metrics[metric])
         best = f"{metric}={b.metrics[metric]:.4g} (trial {b.number})"
+    skipped = len(costs.skipped) if costs is not None else 0
     if costs is not None and costs.ended:
         eta = remaining_s(spec, rows, costs)
     else:
-        eta = elapsed / len(done) * (total - len(done)) if done else math.nan
-    skipped = len(costs.skipped) if costs is not None else 0
+        eta = elapsed / len(done) * max(0, total - len(done) - skipped) if done else math.nan
     return Status(len(done), total, len(rows) - len(done), len(failed), best, elapsed, eta, time.monotonic(), skipped)
 
 

@@ -262,7 +262,8 @@ class SweepSearch(Searcher):
     def restore(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "rb") as f:
             self.__dict__.update(pickle.load(f))
-        self.__dict__.setdefault("_skipped", [])  # saved before it was kept
+        # saved before it was kept: the points skipped then are unknown, so the ETA counts them as to come
+        self.__dict__.setdefault("_skipped", [])
         self._publish()
 
     @property

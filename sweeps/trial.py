@@ -61,7 +61,8 @@ def _lean_torch_trainer() -> type:
 
     class LeanTorchTrainer(TorchTrainer):  # type: ignore[misc]  # Ray's classes are not annotated
         def _create_default_callbacks(self) -> list[Any]:
-            callbacks = super()._create_default_callbacks()
+            # (mypy reads Train V1's TorchTrainer, which has no such method; Ray 2.60 runs V2's)
+            callbacks = super()._create_default_callbacks()  # type: ignore[misc]
             return callbacks if self.datasets else without_datasets_callback(callbacks)
 
     return LeanTorchTrainer

@@ -86,7 +86,8 @@ def test_a_failing_torchrun_run_exits_1_after_its_traceback_not_by_a_signal(tmp_
            "--num-warmup-steps", "2", "--batch-size", "16", "--metrics-path", str(tmp_path / "m.jsonl")]
     done = subprocess.run(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
                           timeout=120)
-    assert done.returncode != 0 and done.stderr.count("DivergedError: training loss became nan") >= 2, done.stderr[-3000:]
+    # (torchrun may stop the second rank before it prints: one traceback is what is sure)
+    assert done.returncode != 0 and "DivergedError: training loss became nan" in done.stderr, done.stderr[-3000:]
     assert "exitcode  : 1 " in done.stderr and "SIGABRT" not in done.stderr and "exitcode  : -6" not in done.stderr, \
         done.stderr[-3000:]
 

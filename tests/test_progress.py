@@ -193,3 +193,17 @@ def test_grid_points_that_will_never_run_leave_the_eta_and_are_counted_as_skippe
     rows = first + [TrialRow(f"t{i}", i, {"precision": "32"}, status="oom") for i in range(2, 7)]
     last = sweep_status(demo, rows, elapsed=40.0, costs=Costs([fp32] * 6, skipped=["bf16-mixed"] * 2))
     assert last.over and last.eta_s == 0.0  # 6 ran, 2 never will: nothing is left to wait for
+    # without trial costs (a resumed sweep's earlier trials), the mean time per trial, over the 5 to come
+    assert sweep_status(demo, first, elapsed=9.0, costs=Costs([], skipped=["bf16-mixed"] * 2)).eta_s == 9.0 * 5
+
+
+def test_the_eta_is_never_shorter_than_what_the_longest_running_trial_has_left() -> None:
+    from sweeps.progress import Costs, TrialCost, remaining_s
+
+    two = parse_spec("name: p\ntrainable: {name: mlp-tabular}\nbudget: {num_trials: 3, num_steps: 2, "
+                     "max_concurrent_trials: 2}\n")
+    rows = [TrialRow("t1", 1, {"precision": "32"}, status="ok"), TrialRow("t2", 2, {"precision": "32"}),
+            TrialRow("t3", 3, {"precision": "32"})]
+    # two slots, nothing waiting: one trial 2 s in, one 8 s in, each priced at 10 s
+    costs = Costs([TrialCost("32", 10.0)], running=[("32", 2.0), ("32", 8.0)])
+    assert remaining_s(two, rows, costs) == 8.0  # not (8 + 2) / 2: one trial's 8 s are not shared by the slots

@@ -3,6 +3,7 @@ loudly when Ray stops making that callback or renames the private method our tra
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import ray.train
@@ -20,6 +21,8 @@ def _names(trainer: Any) -> list[str]:
 
 
 def test_a_run_without_datasets_starts_without_ray_datas_callback_and_keeps_every_other() -> None:
+    # fit() builds the controller's callbacks with the method our trainer overrides
+    assert "self._create_default_callbacks()" in inspect.getsource(TorchTrainer.fit)
     scaling = ray.train.ScalingConfig(num_workers=2)
     stock = _names(TorchTrainer(_noop, scaling_config=scaling))
     assert "DatasetsCallback" in stock, stock  # Ray still makes it (else the override has nothing to do)

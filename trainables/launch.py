@@ -176,8 +176,17 @@ def _leave(code: int) -> None:
 
 
 def _run() -> int:
+    """`main`'s exit status, every way it can end (each then leaves by `_leave`)."""
     try:
         return main()
+    except SystemExit as exc:  # argparse's usage error, or a workload's sys.exit()
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        return 130
     except Exception:  # noqa: BLE001 - said in full, then the process leaves as a finished one does
         traceback.print_exc()
         return 1
