@@ -164,7 +164,8 @@ def price_s(spec: SweepSpec, precision: str | None, costs: Costs) -> float:
 
 def remaining_s(spec: SweepSpec, rows: list[TrialRow], costs: Costs) -> float:
     """Seconds the sweep still needs: each trial not yet started costs its `price_s`, each running one what
-    is left of its price, `max_concurrent_trials` at a time. nan before any trial ended."""
+    is left of its price, `max_concurrent_trials` at a time, and never less than the running trial with the
+    most left. nan before any trial ended."""
     if not costs.ended:
         return math.nan
     left = [max(0.0, price_s(spec, p, costs) - t) for p, t in costs.running]
