@@ -42,7 +42,7 @@ def _ask_to_halt(why: str) -> None:
 
 
 # Ray Train's default callback for Ray Data inputs. A run without datasets still pays for it: a
-# DatasetManager actor (one more Python process) and Ray Data's context sent to every rank, ~0.9 s of
+# DatasetManager actor (one more Python process) and Ray Data's context sent to every rank, ~0.6 s of
 # each group's ~6.2 s start-up on 2 cores (benchmarks/train_startup.py). Our ranks read their own files.
 _DATASETS_CALLBACK = "DatasetsCallback"
 
