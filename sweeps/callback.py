@@ -201,8 +201,7 @@ class SweepCallback(tune.Callback):
         running = [(self._precision(k), now - t) for k, t in self._began.items() if k not in self._ended]
         slow = self.speed_of_light.emulated_precisions() \
             if self.speed_of_light is not None and not self.spec.scaling.use_gpu else frozenset()
-        fixed = self.spec.fixed_knobs()
-        skipped = [str({**fixed, **p}.get("precision")) for p in grid_skips(self.token, fixed)]
+        skipped = [str(k.get("precision")) for k in grid_skips(self.token, self.spec.fixed_knobs())]
         return progress_line(self.spec, row, list(self.rows.values()), time.monotonic() - self.t0,
                              Costs(ended, running, slow, skipped))
 

@@ -118,10 +118,12 @@ def oom_excluded(token: str, knobs: dict[str, Any]) -> int | None:
 
 
 def grid_skips(token: str, fixed: dict[str, Any]) -> list[dict[str, Any]]:
-    """The grid points that will never run: those the searcher skipped, and those still to hand out that
-    what ran out of memory since rules out (`oom_excluded`). Empty outside grid mode."""
+    """The knobs (`fixed` and the point) of each grid point that will never run: those the searcher skipped,
+    and those still to hand out that what ran out of memory since rules out (`oom_excluded`). Empty outside
+    grid mode."""
     s = shared(token)
-    return [*s.grid_skipped, *(p for p in s.grid_left if oom_excluded(token, {**fixed, **p}) is not None)]
+    left = ({**fixed, **p} for p in s.grid_left)
+    return [{**fixed, **p} for p in s.grid_skipped] + [k for k in left if oom_excluded(token, k) is not None]
 
 
 def oom_skip_reason(token: str, knobs: dict[str, Any]) -> str:
