@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import append_entry, make_entry, table  # noqa: E402
+from benchmarks.common import append_entry, machine, make_entry, table  # noqa: E402
 
 _TOTAL = re.compile(r"^(?P<counts>(?:\d+ \w+(?:, )?)+) in (?P<s>[\d.]+)s")
 _DURATION = re.compile(r"^(?P<s>[\d.]+)s (?P<phase>call|setup|teardown)\s+(?P<test>\S.*)$")
@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--log", type=Path, required=True, help="what `make test` printed")
     ap.add_argument("--origin", default="", help="how the log was made, recorded with the entry")
+    ap.add_argument("--git-sha", default="", help="the commit whose suite LOG ran, where it is not this checkout's")
     ap.add_argument("--no-record", action="store_true", help="print only")
     args = ap.parse_args(argv)
     got = parse(args.log.read_text(errors="replace"))
@@ -57,8 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_record:
         rows = [{"figure": "total", "s": got["total_s"], **got["counts"]},
                 *({"figure": "phase", **s} for s in got["slowest"])]
+        info = machine() | ({"git_sha": args.git_sha} if args.git_sha else {})
         line = append_entry(make_entry("suite_cost", f"benchmarks/suite_cost.py --log {args.log}", rows,
-                                       origin=args.origin))
+                                       machine_info=info, origin=args.origin))
         print(f"results.jsonl line {line}")
     return 0
 

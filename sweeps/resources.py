@@ -76,12 +76,17 @@ def refuse_if_never_fits(spec: SweepSpec, resources: dict[str, float]) -> None:
         raise SpecError(f"sweep {spec.name}", problems)
 
 
-# Ray Train V2 settings that cut its per-trial start-up and teardown on a local machine (about 3 s
-# of ~14 s per trial on 2 vCPU, benchmarks/sweep_overhead.py): no preemption-watcher actor (there
-# is nothing to preempt locally), no metrics callbacks, and the controller polls its workers every
-# 0.5 s instead of 2 s, so it notices the end of training sooner. A user's own values win.
-LEAN_TRAIN_ENV = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0", "RAY_TRAIN_METRICS_ENABLED": "0",
-                  "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
+# Ray Train V2 settings for every Train run a sweep starts, on a cluster too (inside `ray job submit`,
+# where the job's runtime env is the user's): the controller polls its workers every 0.5 s instead of
+# 2 s (a cold trial's reports are taken once per poll: its final report waited up to 2 s, and a queue of
+# interim ones held the trial's node several seconds past its last step), and no preemption-watcher
+# actor (one more process per run, which only logs node drains, and at its start an ERROR line about
+# its constructor arguments, Ray issue 53727; a sweep retries a trial whose node went). `sweeps.trial`
+# sets each where the process starting a run has none, and Ray hands them on to the run's controller.
+TRAIN_RUN_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+# On a local machine also no metrics callbacks (nothing scrapes them there). Together about 3 s of
+# ~14 s per trial on 2 vCPU (benchmarks/sweep_overhead.py). A user's own values win.
+LEAN_TRAIN_ENV = {**TRAIN_RUN_ENV, "RAY_TRAIN_METRICS_ENABLED": "0"}
 
 
 def local_runtime_env() -> dict[str, Any] | None:

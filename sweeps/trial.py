@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from typing import Any
 from ray import tune
 
 from sweeps.failures import HALT_KINDS, TRANSIENT_KINDS, TrialFailure, classify
+from sweeps.resources import TRAIN_RUN_ENV
 from sweeps.space import resolve_trial
 from sweeps.spec import ScalingSpec, SweepSpec
 from trainables.contract import CHECKPOINT_FILE, FINAL, TrialConfig
@@ -73,6 +75,10 @@ def _torch_trainer(train_fn: Any, config: dict[str, Any], scaling: ScalingSpec, 
     import ray.train
     from ray.train.torch import TorchConfig
 
+    # Ray Train hands these from this process to the run's controller (`get_env_vars_to_propagate`): a
+    # local sweep's runtime env set them already, a job's may not have (sweeps.resources.TRAIN_RUN_ENV)
+    for key, value in TRAIN_RUN_ENV.items():
+        os.environ.setdefault(key, value)
     return _lean_torch_trainer()(
         train_fn,
         train_loop_config=config,

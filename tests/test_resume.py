@@ -46,9 +46,9 @@ def test_killed_driver_resumes_without_losing_or_duplicating(ray_cluster: None, 
 
     new_store(tmp_path / "mlflow.db")
 
-    # warm trials start in a fraction of a second: long enough that trial 2 still trains when killed
-    text = SPEC.format(steps=300 if reuse == "false" else 1500, db=tmp_path / "mlflow.db", storage=tmp_path / "r",
-                       reuse=reuse)
+    # More steps than a trial takes: each window ends at the CPU's time box (5 s, budget.max_window_s), so
+    # trial 2 still trains when the driver is killed, at most ~3 s into its window
+    text = SPEC.format(steps=100_000, db=tmp_path / "mlflow.db", storage=tmp_path / "r", reuse=reuse)
     (tmp_path / "spec.yaml").write_text(text)
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     # The driver runs in its own process against this session's cluster, as `ray job submit` would.
@@ -65,11 +65,13 @@ def test_killed_driver_resumes_without_losing_or_duplicating(ray_cluster: None, 
             training = [r for r in runs if r.data.tags.get("sweep.status") == "running" and r.data.metrics.get("progress/steps", 0) > 0]
             if done and training:
                 before = {r.data.tags["sweep.trial_id"]: r.info.run_id for r in runs}
+                started = training[0].info.start_time / 1000  # its MLflow run, made as the trial started
                 break
         time.sleep(0.5)
     # Tune saves its state every 2 s: a trial started in the last 2 s would be forgotten ("lost", by
-    # design); a warm trial starts fast enough for that, so give Tune one save first.
-    time.sleep(2.5)
+    # design); a warm trial starts fast enough for that, so give Tune one save first (a cold one had it).
+    if before:
+        time.sleep(max(0.0, started + 2.5 - time.time()))
     driver.send_signal(signal.SIGKILL)
     out = driver.communicate(timeout=30)[0]
     assert before, f"the sweep never reached its second trial:\n{out[-3000:]}"
@@ -77,7 +79,7 @@ def test_killed_driver_resumes_without_losing_or_duplicating(ray_cluster: None, 
     lines: list[str] = []
     spec = parse_spec(text)
     outcome = run_sweep(spec, text, echo=lines.append)  # `sweeps run` of the same spec resumes
-    assert any(line.startswith("resuming sweep resumable") for line in lines), lines
+    assert any(line.startswith("resuming sweep resumable") and "1 of 2 trials already ended" in line for line in lines), lines
 
     assert [t.status for t in outcome.trials] == ["ok", "ok"], [(t.status, t.reason) for t in outcome.trials]
     runs = _children(client, outcome.parent_run_id)

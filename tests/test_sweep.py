@@ -63,19 +63,23 @@ def test_sweep_logs_parent_and_child_runs(small_sweep: tuple) -> None:
 
 
 def test_the_image_workload_learns_on_two_gloo_ranks_in_a_ray_train_run_of_its_own(
-        ray_cluster: None, tmp_path: Path, data_dir: Path, new_store: Callable[[Path], Path]) -> None:
+        ray_cluster: None, tmp_path: Path, new_store: Callable[[Path], Path], monkeypatch: pytest.MonkeyPatch) -> None:
     # Every built-in workload sweeps for real: mlp-tabular in most tests, gpt-lm in test_quality_sweep's
     # time to target, image-cnn (PNG files decoded by the loader) here, on the cold path
     # (scaling.reuse_workers: false: one TorchTrainer for the trial, as `make_trainer` builds it).
     db = new_store(tmp_path / "mlflow.db")
+    monkeypatch.chdir(tmp_path)  # the user's folder; the spec's data_dir is the relative default
     text = ("name: images\ntrainable: {name: image-cnn, params: {image_size: 16, num_train_images: 512, "
             "num_val_images: 64, width: 8, depth: 1}}\n"
             "space: {batch_size: 16, lr: 3.0e-3}\n"
             "budget: {num_trials: 1, num_steps: 30, num_warmup_steps: 3, report_interval_s: 0.05}\n"
             "scaling: {num_workers: 2, reuse_workers: false}\n"
-            f"tracking: {{uri: 'sqlite:///{db}'}}\nstorage_path: {tmp_path / 'r'}\ndata_dir: {data_dir}\n")
+            f"tracking: {{uri: 'sqlite:///{db}'}}\nstorage_path: {tmp_path / 'r'}\n")
     outcome = run_sweep(parse_spec(text), text, echo=lambda _: None)
     assert [t.status for t in outcome.trials] == ["ok"], [(t.status, t.reason) for t in outcome.trials]
+    # A cold trial's ranks work where the sweep started, as under torchrun (test_workdir.py: warm groups, and
+    # a missing file): they wrote and their loader workers decoded the PNGs under ./.cache/datasets here
+    assert list((tmp_path / ".cache" / "datasets").rglob("*.png")), sorted((tmp_path / ".cache").rglob("*"))[:5]
     client = MlflowClient(f"sqlite:///{db}")
     child = client.get_run(outcome.trials[0].run_id)
     m = child.data.metrics

@@ -4,8 +4,10 @@ loudly when Ray stops making that callback or renames the private method our tra
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 from typing import Any
 
+import pytest
 import ray.train
 from ray.train.torch import TorchTrainer
 
@@ -35,3 +37,22 @@ def test_a_run_given_datasets_keeps_ray_datas_callback() -> None:
     scaling = ray.train.ScalingConfig(num_workers=2)
     trainer = _lean_torch_trainer()(_noop, scaling_config=scaling, datasets={"train": lambda: None})
     assert "DatasetsCallback" in _names(trainer)
+
+
+def test_every_run_gets_the_sweeps_train_settings_on_a_cluster_too_and_a_users_own_value_wins(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Inside `ray job submit` the job's runtime env is the user's: the process that starts a Train run sets
+    # what it lacks, and Ray hands that process's values to the run's controller
+    from ray.train.v2._internal.constants import get_env_vars_to_propagate
+
+    from sweeps.resources import TRAIN_RUN_ENV
+    from sweeps.spec import ScalingSpec
+    from sweeps.trial import _torch_trainer
+
+    for key in TRAIN_RUN_ENV:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "1")  # the user's choice
+    _torch_trainer(_noop, {}, ScalingSpec(), 2, 1.0, 60.0, "run", str(tmp_path), [])
+    handed_on = get_env_vars_to_propagate()
+    assert handed_on["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "0.5"  # reports taken every 0.5 s, not Ray's 2
+    assert handed_on["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "1"

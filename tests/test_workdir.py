@@ -1,6 +1,6 @@
 """Every rank works in the directory the sweep started in, as under torchrun: a user's relative
 paths (read in the builder, in `__getitem__`, in a loader worker) resolve there, in warm groups and
-cold trials alike; a file that is not there fails the trial as `config`, naming that directory."""
+cold trials alike (a cold trial's: tests/test_sweep.py's image sweep); a file that is not there fails the trial as `config`, naming that directory."""
 
 from __future__ import annotations
 
@@ -53,15 +53,15 @@ def test_a_missing_file_fails_as_config_naming_the_working_directory(
 
 
 SPEC = """\
-name: workdir-{mode}
+name: workdir-warm
 trainable: {{name: "examples.image_folder:build", params: {{width: 4}}}}
 space:
   params.root: {{type: categorical, choices: {roots}}}
   batch_size: 4
-  num_dataloader_workers: {loaders}
+  num_dataloader_workers: 1
 search: {{algorithm: grid}}
-budget: {{num_trials: {num_trials}, num_steps: 4, num_warmup_steps: 1, report_interval_s: 0.01, max_retries: 0}}
-scaling: {{num_workers: 2, cpus_per_worker: 1, cpus_per_loader_worker: 0, reuse_workers: {warm}}}
+budget: {{num_trials: 2, num_steps: 4, num_warmup_steps: 1, report_interval_s: 0.01, max_retries: 0}}
+scaling: {{num_workers: 2, cpus_per_worker: 1, cpus_per_loader_worker: 0, reuse_workers: true}}
 telemetry: {{period_s: 0}}
 tracking: {{uri: "sqlite:///{db}", experiment: workdir}}
 storage_path: {storage}
@@ -69,29 +69,25 @@ storage_path: {storage}
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
-def test_ranks_resolve_relative_paths_where_the_sweep_started(
-        warm: bool, ray_cluster: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, new_store: Callable[[Path], Path]) -> None:
+def test_ranks_of_a_warm_group_resolve_relative_paths_where_the_sweep_started(
+        ray_cluster: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, new_store: Callable[[Path], Path]) -> None:
+    # (a cold trial's ranks: test_sweep.py's image sweep writes and reads its data under the relative default data_dir)
     from sweeps.runner import run_sweep
     from sweeps.spec import parse_spec
 
     new_store(tmp_path / "mlflow.db")
     monkeypatch.chdir(tmp_path)  # the user's folder: data/shapes exists only here
     prepare(Path("data/shapes"), num_per_class=8, image_size=12)
-    roots = "[data/shapes, data/missing]" if warm else "[data/shapes]"
-    text = SPEC.format(mode="warm" if warm else "cold", roots=roots, loaders=1 if warm else 0,
-                       num_trials=2 if warm else 1, warm=str(warm).lower(), db=tmp_path / "mlflow.db",
-                       storage=tmp_path / "results")
+    text = SPEC.format(roots="[data/shapes, data/missing]", db=tmp_path / "mlflow.db", storage=tmp_path / "results")
     lines: list[str] = []
     outcome = run_sweep(parse_spec(text), text, echo=lines.append)
     by_root = {t.params["workload.root"]: t for t in outcome.trials}
     ok = by_root["data/shapes"]
-    assert ok.status == "ok", ok.reason  # both ranks read classes.txt and their PNGs (warm: in a loader worker)
+    assert ok.status == "ok", ok.reason  # both ranks read classes.txt and their PNGs in a loader worker
     assert ok.metrics["progress/world_size"] == 2
-    if warm:
-        missing = by_root["data/missing"]
-        assert missing.status == "config", missing.reason
-        assert f"'data/missing/classes.txt' — relative paths resolve against {tmp_path} (where `sweeps run` started" \
-            in missing.reason
-        # a missing file fails every rank alike, at build: the group stays warm for the other trial
-        assert any("warm worker groups: 1 started for 2 trial(s)" in line for line in lines), lines[-3:]
+    missing = by_root["data/missing"]
+    assert missing.status == "config", missing.reason
+    assert f"'data/missing/classes.txt' — relative paths resolve against {tmp_path} (where `sweeps run` started" \
+        in missing.reason
+    # a missing file fails every rank alike, at build: the group stays warm for the other trial
+    assert any("warm worker groups: 1 started for 2 trial(s)" in line for line in lines), lines[-3:]
