@@ -49,8 +49,9 @@ def test_every_run_gets_the_sweeps_train_settings_on_a_cluster_too_and_a_users_o
     from sweeps.spec import ScalingSpec
     from sweeps.trial import _torch_trainer
 
-    for key in TRAIN_RUN_ENV:
-        monkeypatch.delenv(key, raising=False)
+    for key in TRAIN_RUN_ENV:  # unset for the call, and unset again after the test (what it sets does not leak)
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
     monkeypatch.setenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "1")  # the user's choice
     _torch_trainer(_noop, {}, ScalingSpec(), 2, 1.0, 60.0, "run", str(tmp_path), [])
     handed_on = get_env_vars_to_propagate()
