@@ -3,9 +3,11 @@ teardown (rank 0's function returns -> fit() returns), and which actors each run
 
 A warm local Ray (2 CPUs, the lean settings `sweeps run` uses), N runs each, alternating, of a 2-worker
 gloo trainer whose train function only records the time: Ray's `TorchTrainer` (`stock`), and the one
-`sweeps` starts (`lean`: without Ray Data's callback when there are no datasets, `sweeps.trial`).
+`sweeps` starts (`lean`: without Ray Data's callback when there are no datasets, and without the
+placement-group cleaner where the cluster has no State API, `sweeps.trial`). `--no-dashboard` starts
+Ray without one (so without its State API), as the test suite's cluster.
 
-    .venv/bin/python benchmarks/train_startup.py [--runs 3]
+    .venv/bin/python benchmarks/train_startup.py [--runs 3] [--no-dashboard]
 """
 
 from __future__ import annotations
@@ -33,15 +35,16 @@ def _mark_start(config: dict[str, Any]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--no-dashboard", action="store_true", help="a local Ray without its dashboard (no State API)")
     args = parser.parse_args()
     import ray
     import ray.train
+    from ray._private.state import state  # the GCS's actor table: answers with or without a dashboard
     from ray.train.torch import TorchConfig, TorchTrainer
-    from ray.util.state import list_actors
 
     from sweeps.resources import LEAN_TRAIN_ENV
 
-    ray.init(num_cpus=2, include_dashboard=True, log_to_driver=False,
+    ray.init(num_cpus=2, include_dashboard=not args.no_dashboard, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(REPO), **LEAN_TRAIN_ENV}})
     from sweeps.trial import _lean_torch_trainer
 
@@ -51,7 +54,7 @@ def main() -> None:
     try:
         for i in range(args.runs):
             for kind, trainer in (list(kinds.items()) if i % 2 == 0 else list(kinds.items())[::-1]):  # neither always first
-                before = Counter(a.class_name for a in list_actors(limit=10_000, raise_on_missing_output=False))
+                before = Counter(a["ActorClassName"] for a in state.actor_table(None).values())
                 with tempfile.TemporaryDirectory() as tmp:
                     stamp = Path(tmp) / "start"
                     t0 = time.time()
@@ -62,7 +65,7 @@ def main() -> None:
                     started = float(stamp.read_text())
                 for key, value in (("start-up", started - t0), ("teardown", t1 - started), ("total", t1 - t0)):
                     stats[kind][key].append(value)
-                after = Counter(a.class_name for a in list_actors(limit=10_000, raise_on_missing_output=False))
+                after = Counter(a["ActorClassName"] for a in state.actor_table(None).values())
                 actors.setdefault(kind, Counter()).update(after - before)
                 print(f"run {i + 1} {kind}: start-up {started - t0:.2f} s, teardown {t1 - started:.2f} s", flush=True)
     finally:
@@ -78,7 +81,8 @@ def main() -> None:
     ratio = summary(stats["lean"]["start-up"])["median"] / summary(stats["stock"]["start-up"])["median"]
     print(f"start-up, lean / stock (medians): {ratio:.2f}")
     rows.append({"figure": "start-up lean/stock", "ratio": ratio})
-    record("train_startup", f"benchmarks/train_startup.py --runs {args.runs}", rows)
+    flag = " --no-dashboard" if args.no_dashboard else ""
+    record("train_startup", f"benchmarks/train_startup.py --runs {args.runs}{flag}", rows)
 
 if __name__ == "__main__":
     main()

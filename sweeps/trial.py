@@ -43,29 +43,57 @@ def _ask_to_halt(why: str) -> None:
         time.sleep(_HALT_EVERY_S)
 
 
-# Ray Train's default callback for Ray Data inputs. A run without datasets still pays for it: a
-# DatasetManager actor (one more Python process) and Ray Data's context sent to every rank, ~0.6 s of
-# each group's ~6.2 s start-up on 2 cores (benchmarks/train_startup.py). Our ranks read their own files.
+# Ray Train's default callbacks a sweep's run can do without, found by class name: no public way to
+# leave one out exists (`DataParallelTrainer._create_default_callbacks` is private), and
+# tests/test_trial_lean.py fails loudly when Ray no longer makes them.
+# - Ray Data's, for a run without datasets: a DatasetManager actor (one more Python process) and Ray
+#   Data's context sent to every rank, ~0.6 s of each group's ~6.2 s start-up on 2 cores
+#   (benchmarks/train_startup.py). Our ranks read their own files.
 _DATASETS_CALLBACK = "DatasetsCallback"
+# - The placement-group cleaner, on a cluster without Ray's State API (no dashboard): a detached actor
+#   that asks the State API every second whether the run's controller lives, to free the run's
+#   placement group if it died. Without that API every ask fails ("Failed to query Ray Train Controller
+#   actor state", a warning a second), so it frees nothing and, after a controller that died, never
+#   exits; meanwhile it costs each run one more Python process (~1.5 s of CPU) and its start and stop
+#   (the run waits on both). With a dashboard it works, and stays.
+_CLEANER_CALLBACK = "PlacementGroupCleanerCallback"
 
 
-def without_datasets_callback(callbacks: list[Any]) -> list[Any]:
-    """Ray Train's default callbacks for a run that has no Ray Data datasets, less Ray Data's own. Found by
-    class name: no public way to leave it out exists (`DataParallelTrainer._create_default_callbacks` is
-    private), and tests/test_trial_lean.py fails loudly when Ray no longer makes one."""
-    return [c for c in callbacks if type(c).__name__ != _DATASETS_CALLBACK]
+def without_callbacks(callbacks: list[Any], names: set[str]) -> list[Any]:
+    """Ray Train's default `callbacks` less those whose class is named in `names`."""
+    return [c for c in callbacks if type(c).__name__ not in names]
+
+
+@functools.cache
+def state_api_served() -> bool:
+    """Whether this Ray cluster answers its State API: one query, as the cleaner makes them (a refused
+    connection takes ~0.1 s; asked once per process). `include_dashboard=False` still registers the
+    dashboard's address in the GCS, so only asking tells."""
+    import ray
+    from ray.util.state import get_actor
+
+    if not ray.is_initialized():  # not connected to a cluster: nothing to judge by, keep Ray's default
+        return True
+    try:
+        get_actor(ray.get_runtime_context().get_actor_id() or "f" * 32, timeout=10)
+    except Exception:  # noqa: BLE001 - whatever stops this query stops the cleaner's
+        return False
+    return True
 
 
 @functools.cache
 def _lean_torch_trainer() -> type:
-    """`TorchTrainer` that starts without Ray Data's callback when it was given no datasets."""
+    """`TorchTrainer` that starts without Ray Data's callback when it was given no datasets, and without
+    the placement-group cleaner where the cluster has no State API for it to work with."""
     from ray.train.torch import TorchTrainer
 
     class LeanTorchTrainer(TorchTrainer):  # type: ignore[misc]  # Ray's classes are not annotated
         def _create_default_callbacks(self) -> list[Any]:
             # (mypy reads Train V1's TorchTrainer, which has no such method; Ray 2.60 runs V2's)
             callbacks = super()._create_default_callbacks()  # type: ignore[misc]
-            return callbacks if self.datasets else without_datasets_callback(callbacks)
+            unused = ({_DATASETS_CALLBACK} if not self.datasets else set()) | \
+                ({_CLEANER_CALLBACK} if not state_api_served() else set())
+            return without_callbacks(callbacks, unused)
 
     return LeanTorchTrainer
 

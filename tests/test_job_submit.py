@@ -7,6 +7,7 @@ The client side uses only what a user has: the `ray` CLI and this repo.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -156,6 +157,14 @@ def test_the_readme_steps_wait_for_the_head_then_a_job_runs_a_sweep_reading_its_
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     assert len(runs) == 3 and len(children) == 2
     assert all(r.data.metrics["throughput/samples_per_s"] > 0 for r in children)
+    # This head serves Ray's State API (a dashboard): the job's Train runs kept the placement-group cleaner,
+    # which needs it (sweeps.trial: left out only where nothing answers it)
+    listed = subprocess.run([str(BIN / "ray"), "list", "actors", "--address", head["address"], "--format", "json",
+                             "--filter", "class_name=PlacementGroupCleaner"], env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    cleaners = json.loads(listed.stdout)
+    assert cleaners, "a job's Train run on a head with a dashboard started no PlacementGroupCleaner"
     probe = ready.stdout.split("no-op job ")[1].split(")")[0]
     status = subprocess.run([str(BIN / "ray"), "job", "status", "--address", head["address"], probe], env=env,
                             capture_output=True, text=True, timeout=60)

@@ -1,5 +1,6 @@
-"""Ray Train's default callbacks, less Ray Data's when a run has no datasets (`sweeps.trial`): this fails
-loudly when Ray stops making that callback or renames the private method our trainer overrides."""
+"""Ray Train's default callbacks, less Ray Data's when a run has no datasets and less the placement-group
+cleaner where the cluster has no State API (`sweeps.trial`): this fails loudly when Ray stops making
+those callbacks or renames the private method our trainer overrides."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 import ray.train
 from ray.train.torch import TorchTrainer
 
+from sweeps import trial
 from sweeps.trial import _lean_torch_trainer
 
 
@@ -22,7 +24,9 @@ def _names(trainer: Any) -> list[str]:
     return [type(c).__name__ for c in trainer._create_default_callbacks()]
 
 
-def test_a_run_without_datasets_starts_without_ray_datas_callback_and_keeps_every_other() -> None:
+def test_a_run_without_datasets_starts_without_ray_datas_callback_and_keeps_every_other(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(trial, "state_api_served", lambda: True)  # a cluster with a dashboard
     # fit() builds the controller's callbacks with the method our trainer overrides
     assert "self._create_default_callbacks()" in inspect.getsource(TorchTrainer.fit)
     scaling = ray.train.ScalingConfig(num_workers=2)
@@ -30,13 +34,36 @@ def test_a_run_without_datasets_starts_without_ray_datas_callback_and_keeps_ever
     assert "DatasetsCallback" in stock, stock  # Ray still makes it (else the override has nothing to do)
     lean = _names(_lean_torch_trainer()(_noop, scaling_config=scaling))
     assert lean == [n for n in stock if n != "DatasetsCallback"]
-    assert "PlacementGroupCleanerCallback" in lean  # kept: it frees a dead controller's placement group
+    assert "PlacementGroupCleanerCallback" in lean  # kept: with the State API it frees a dead controller's placement group
 
 
-def test_a_run_given_datasets_keeps_ray_datas_callback() -> None:
+def test_without_a_state_api_the_placement_group_cleaner_is_left_out_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(trial, "state_api_served", lambda: False)
+    scaling = ray.train.ScalingConfig(num_workers=2)
+    stock = _names(TorchTrainer(_noop, scaling_config=scaling))
+    assert "PlacementGroupCleanerCallback" in stock, stock
+    lean = _names(_lean_torch_trainer()(_noop, scaling_config=scaling))
+    assert lean == [n for n in stock if n not in ("DatasetsCallback", "PlacementGroupCleanerCallback")]
+    given_data = _names(_lean_torch_trainer()(_noop, scaling_config=scaling, datasets={"train": lambda: None}))
+    assert given_data == [n for n in stock if n != "PlacementGroupCleanerCallback"]
+
+
+def test_a_run_given_datasets_keeps_ray_datas_callback(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(trial, "state_api_served", lambda: True)
     scaling = ray.train.ScalingConfig(num_workers=2)
     trainer = _lean_torch_trainer()(_noop, scaling_config=scaling, datasets={"train": lambda: None})
-    assert "DatasetsCallback" in _names(trainer)
+    assert _names(trainer) == _names(TorchTrainer(_noop, scaling_config=scaling))
+
+
+@pytest.mark.ray
+def test_a_cluster_without_a_state_api_runs_no_cleaner(small_sweep: tuple) -> None:
+    from ray._private.state import state
+
+    # The session's cluster has no dashboard (its address is in the GCS all the same, but nothing answers)
+    assert not trial.state_api_served.__wrapped__()
+    # the small sweep's warm group ran (and every Train run in this cluster before it) without a cleaner
+    classes = [a["ActorClassName"] for a in state.actor_table(None).values()]
+    assert "RayTrainWorker" in classes and "PlacementGroupCleaner" not in classes, sorted(set(classes))
 
 
 def test_every_run_gets_the_sweeps_train_settings_on_a_cluster_too_and_a_users_own_value_wins(
