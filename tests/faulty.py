@@ -114,14 +114,6 @@ def crash_once(params: dict[str, Any], ctx: BuildContext) -> Workload:
     return workload
 
 
-def crash_once_or_hang(params: dict[str, Any], ctx: BuildContext) -> Workload:
-    """`params["fault"]`: "crash" is `crash_once` (marker `params["marker"]`), "hang" is `rank1_hangs`:
-    two faults in one sweep, one trial each."""
-    if params["fault"] == "hang":
-        return rank1_hangs(params, ctx)
-    return crash_once(params, ctx)
-
-
 class _DiskFullWhile(nn.Module):
     """Rank 0's `at`-th forward writes to /dev/full while the file `flag` exists: the kernel answers
     ENOSPC, as it does to any write on a full disk (a cache, a log, a checkpoint)."""
@@ -147,6 +139,16 @@ def disk_full_while(params: dict[str, Any], ctx: BuildContext) -> Workload:
     workload = build("mlp-tabular", {"num_train_rows": 1024, "num_val_rows": 256}, ctx)
     workload.model = _DiskFullWhile(workload.model, ctx.rank, at=15, flag=str(params["flag"]))
     return workload
+
+
+def crash_hang_or_disk_full(params: dict[str, Any], ctx: BuildContext) -> Workload:
+    """`params["fault"]`: "crash" is `crash_once` (marker `params["marker"]`), "hang" is `rank1_hangs`,
+    "disk" is `disk_full_while` (flag `params["flag"]`): three faults in one sweep, one trial each."""
+    if params["fault"] == "hang":
+        return rank1_hangs(params, ctx)
+    if params["fault"] == "disk":
+        return disk_full_while(params, ctx)
+    return crash_once(params, ctx)
 
 
 class _Raises(nn.Module):

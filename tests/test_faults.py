@@ -129,7 +129,7 @@ BOTH_MODES = pytest.mark.parametrize("reuse", ["true", "false"], ids=["warm", "c
 
 @pytest.mark.ray
 @BOTH_MODES
-def test_a_rank_crashing_once_resumes_from_the_last_checkpoint_and_a_hung_peer_fails_by_the_collective_timeout(
+def test_a_crashed_rank_resumes_a_hung_peer_times_out_and_a_full_disk_halts_the_sweep_which_resume_finishes(
         ray_cluster: None, tmp_path: Path, reuse: str, new_store: Callable[[Path], Path]) -> None:
     from mlflow.tracking import MlflowClient
 
@@ -137,79 +137,62 @@ def test_a_rank_crashing_once_resumes_from_the_last_checkpoint_and_a_hung_peer_f
     from sweeps.spec import parse_spec
 
     new_store(tmp_path / "mlflow.db")
-    # Two faults, a trial each, in one sweep (grid order): rank 1 crashes once, then rank 1 hangs.
-    # The 4 s process-group timeout is what the hung trial costs; outside the faults no rank waits that
-    # long in a collective: at most 0.2 s measured (2 cores, a third process kept them busy), and a warm
-    # group's idle ranks meet every 1 s (timeout / 4).
-    text = (f"name: crash\ntrainable: {{name: 'tests.faulty:crash_once_or_hang', params: {{marker: '{tmp_path / 'crashed'}'}}}}\n"
-            "space: {params.fault: {type: categorical, choices: [crash, hang]}}\nsearch: {algorithm: grid}\n"
-            "budget: {num_trials: 2, num_steps: 20, num_warmup_steps: 2, checkpoint_every_steps: 5, max_retries: 1,\n"
+    # Three faults, a trial each, in one sweep (grid order): rank 1 crashes once, rank 1 hangs, rank 0 finds
+    # the disk full. The 4 s process-group timeout is what the hung trial costs; outside the faults no rank
+    # waits that long in a collective: at most 0.2 s measured (2 cores, a third process kept them busy), and
+    # a warm group's idle ranks meet every 1 s (timeout / 4).
+    flag = tmp_path / "disk-is-full"
+    flag.touch()
+    text = ("name: faults\ntrainable: {name: 'tests.faulty:crash_hang_or_disk_full', "
+            f"params: {{marker: '{tmp_path / 'crashed'}', flag: '{flag}'}}}}\n"
+            "space: {params.fault: {type: categorical, choices: [crash, hang, disk]}}\nsearch: {algorithm: grid}\n"
+            "budget: {num_trials: 3, num_steps: 20, num_warmup_steps: 2, checkpoint_every_steps: 5, max_retries: 1,\n"
             "         collective_timeout_s: 4}\n"
             f"scaling: {{reuse_workers: {reuse}}}\n"
             f"tracking: {{uri: 'sqlite:///{tmp_path / 'mlflow.db'}'}}\nstorage_path: {tmp_path / 'r'}\n")
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    lines: list[str] = []
     t0 = time.monotonic()
-    outcome = run_sweep(parse_spec(text), text, echo=lambda _: None)
+    first = run_sweep(parse_spec(text), text, echo=lines.append)
     assert (tmp_path / "crashed").exists()  # the fault fired
-    trials = {t.params["workload.fault"]: t for t in outcome.trials}
-    crashed, hung = trials["crash"], trials["hang"]
+    trials = {t.params["workload.fault"]: t for t in first.trials}
+    crashed, hung, halted = trials["crash"], trials["hang"], trials["disk"]
     assert crashed.status == "ok", crashed.reason
-    run = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(crashed.run_id)
+    run = client.get_run(crashed.run_id)
     # Rank 1 died at its 15th forward = measured step 13. The retry resumes from the last checkpoint
     # Ray Train's controller had registered by then: step 10, or 5 if the step-10 report was still
     # in flight (the controller drains reports every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S).
     assert run.data.metrics["progress/restored_from_step"] in (5, 10) and run.data.metrics["progress/steps"] == 20
     assert run.data.metrics["throughput/samples_per_s"] > 0 and "loss/val" in run.data.metrics
-    # disk: only the latest checkpoint is kept while a trial runs, none once it is over
-    assert not [p for p in (tmp_path / "r" / "crash" / "trials").rglob("checkpoint_*") if p.is_dir()]
     # The hung peer: rank 0 waits in DDP's all-reduce until the 4 s process-group timeout fails the
     # trial (not retried: not a crash); no process is left (conftest checks)
     assert hung.status == "error" and "rank 0" in hung.reason and "imed out" in hung.reason, hung.reason
-    assert time.monotonic() - t0 < 180
-
-
-@pytest.mark.ray
-@BOTH_MODES
-def test_a_full_disk_halts_the_sweep_and_resume_finishes_it(ray_cluster: None, tmp_path: Path, reuse: str,
-                                                            new_store: Callable[[Path], Path]) -> None:
-    from mlflow.tracking import MlflowClient
-
-    from sweeps.runner import run_sweep
-    from sweeps.spec import parse_spec
-
-    new_store(tmp_path / "mlflow.db")
-    flag = tmp_path / "disk-is-full"
-    flag.touch()
-    text = (f"name: diskfull\ntrainable: {{name: 'tests.faulty:disk_full_while', params: {{flag: '{flag}'}}}}\n"
-            "space: {lr: {type: float, low: 1.0e-3, high: 1.0e-2, log: true}}\n"
-            "budget: {num_trials: 2, num_steps: 20, num_warmup_steps: 2, checkpoint_every_steps: 5}\n"
-            f"scaling: {{reuse_workers: {reuse}}}\n"
-            f"tracking: {{uri: 'sqlite:///{tmp_path / 'mlflow.db'}'}}\nstorage_path: {tmp_path / 'r'}\n")
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    lines: list[str] = []
-    first = run_sweep(parse_spec(text), text, echo=lines.append)
-    # The sweep halts at once (the next trial would hit the same full disk), saying why and what to do.
-    assert first.interrupted.startswith("halted: trial 1 disk_full: rank 0: OSError: [Errno 28] No space left on device")
+    # The full disk halts the sweep at once (the next trial would hit the same full disk), saying why and what to do.
+    assert first.interrupted.startswith("halted: trial 3 disk_full: rank 0: OSError: [Errno 28] No space left on device")
     assert "free space" in first.interrupted
-    [halted] = first.trials
     assert halted.status == "interrupted" and "No space left on device" in halted.reason
     assert any(line.startswith("HALTING the sweep") for line in lines)
-    assert any("sweeps resume diskfull --storage-path" in line for line in lines), lines
+    assert any("sweeps resume faults --storage-path" in line for line in lines), lines
     assert client.get_run(halted.run_id).info.status == "KILLED"
     assert client.get_run(first.parent_run_id).info.status == "KILLED"
+    assert time.monotonic() - t0 < 180
 
     flag.unlink()  # space freed
     second = run_sweep(parse_spec(text), text, echo=lines.append)
-    assert not second.interrupted and [t.status for t in second.trials] == ["ok", "ok"], second.trials
-    assert second.parent_run_id == first.parent_run_id and second.trials[0].run_id == halted.run_id  # same runs
+    assert not second.interrupted, second.interrupted
+    assert {t.params["workload.fault"]: t.status for t in second.trials} == {"crash": "ok", "hang": "error", "disk": "ok"}
+    resumed_trial = next(t for t in second.trials if t.params["workload.fault"] == "disk")
+    assert second.parent_run_id == first.parent_run_id and resumed_trial.run_id == halted.run_id  # same runs
     exp = client.get_run(first.parent_run_id).info.experiment_id
     children = client.search_runs([exp], f"tags.`mlflow.parentRunId` = '{first.parent_run_id}'")
-    assert len({r.data.tags["sweep.trial_id"] for r in children}) == len(children) == 2  # none duplicated
+    assert len({r.data.tags["sweep.trial_id"] for r in children}) == len(children) == 3  # none duplicated
     # The halted trial continued from the checkpoint it had saved before the disk filled up.
     resumed = client.get_run(halted.run_id).data
     assert resumed.metrics["progress/restored_from_step"] in (5, 10) and resumed.metrics["progress/steps"] == 20
     assert resumed.tags["sweep.status"] == "ok" and "sweep.failure_reason" not in resumed.tags
     assert client.get_run(first.parent_run_id).info.status == "FINISHED"
-    assert not [p for p in (tmp_path / "r" / "diskfull" / "trials").rglob("checkpoint_*") if p.is_dir()]
+    # disk: only the latest checkpoint is kept while a trial runs, none once it is over
+    assert not [p for p in (tmp_path / "r" / "faults" / "trials").rglob("checkpoint_*") if p.is_dir()]
 
 
 def test_a_full_disk_on_the_driver_says_so_and_how_to_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
