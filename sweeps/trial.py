@@ -66,16 +66,18 @@ def without_callbacks(callbacks: list[Any], names: set[str]) -> list[Any]:
 
 @functools.cache
 def state_api_served() -> bool:
-    """Whether this Ray cluster answers its State API: one query, as the cleaner makes them (a refused
-    connection takes ~0.1 s; asked once per process). `include_dashboard=False` still registers the
-    dashboard's address in the GCS, so only asking tells."""
+    """Whether the Ray cluster this process is connected to answers its State API: one query, as the
+    cleaner makes them but addressed to this cluster (a refused connection takes ~0.1 s; asked once per
+    process). `include_dashboard=False` still registers the dashboard's address in the GCS, so only
+    asking tells."""
     import ray
     from ray.util.state import get_actor
 
     if not ray.is_initialized():  # not connected to a cluster: nothing to judge by, keep Ray's default
         return True
+    context = ray.get_runtime_context()
     try:
-        get_actor(ray.get_runtime_context().get_actor_id() or "f" * 32, timeout=10)
+        get_actor(context.get_actor_id() or "f" * 32, address=context.gcs_address, timeout=10)
     except Exception:  # noqa: BLE001 - whatever stops this query stops the cleaner's
         return False
     return True

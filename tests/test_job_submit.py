@@ -162,7 +162,7 @@ def test_the_readme_steps_wait_for_the_head_then_a_job_runs_a_sweep_reading_its_
     listed = subprocess.run([str(BIN / "ray"), "list", "actors", "--address", head["address"], "--format", "json",
                              "--filter", "class_name=PlacementGroupCleaner"], env=env, capture_output=True, text=True,
                             timeout=60)
-    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert listed.returncode == 0 and listed.stdout.strip().startswith("["), (listed.stdout[-1000:], listed.stderr[-2000:])
     cleaners = json.loads(listed.stdout)
     assert cleaners, "a job's Train run on a head with a dashboard started no PlacementGroupCleaner"
     probe = ready.stdout.split("no-op job ")[1].split(")")[0]
