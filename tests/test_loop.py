@@ -7,7 +7,9 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -152,6 +154,29 @@ def test_the_spread_is_taken_over_sub_windows_of_equal_steps() -> None:
     assert _spread(marks, CPU) == pytest.approx(0.0, abs=1e-6)  # the dense marks merge into one 30-step span
     assert _spread(marks[:11], CPU) > 30  # alone, the 3-step spans differ by a factor of 2
     assert _spread(marks[:3], CPU) is None  # fewer than 3 sub-windows: absent, not a made-up figure
+
+
+class _SlowReporter(ListReporter):
+    """Each interim report takes 50 ms to hand on, as Ray Train's does while its controller has not yet
+    taken the previous one (its queue holds one report; the controller polls every 0.5 s)."""
+
+    slept = 0.0
+
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None = None) -> None:
+        super().report(metrics, checkpoint_dir)
+        if metrics.get(contract.FINAL) != 1:
+            time.sleep(0.05)
+            self.slept += 0.05
+
+
+def test_time_spent_handing_reports_on_is_not_counted_as_training(data_dir: Path) -> None:
+    cfg = _cfg(data_dir, workload="mlp-tabular", workload_params={}, num_steps=20, num_warmup_steps=2,
+               report_interval_s=1e-6, telemetry_period_s=0)  # a report after every measured step
+    rep = _SlowReporter()
+    final = train(cfg, rep, CPU)
+    assert rep.slept >= 0.5  # ~20 reports, each 50 ms
+    # the window is the steps' time: a window that counted the reports would last longer than they did
+    assert final[contract.WINDOW_S] < rep.slept / 2, (final[contract.WINDOW_S], rep.slept)
 
 
 def test_time_boxes_end_warm_up_and_window_on_the_clock_not_the_step_count(data_dir: Path) -> None:

@@ -23,7 +23,7 @@ class StepTimer:
         self._clock = clock
         self._t0: float | None = None
         self.data_wait_s = 0.0
-        self.paused_s = 0.0  # measured-window time spent outside training (periodic evaluations)
+        self.paused_s = 0.0  # measured-window time spent outside training (evaluations, handing reports on)
         self.steps = 0
 
     def now(self, sync: bool = False) -> float:
