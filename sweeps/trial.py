@@ -64,22 +64,51 @@ def without_callbacks(callbacks: list[Any], names: set[str]) -> list[Any]:
     return [c for c in callbacks if type(c).__name__ not in names]
 
 
-@functools.cache
-def state_api_served() -> bool:
-    """Whether the Ray cluster this process is connected to answers its State API: one query, as the
-    cleaner makes them but addressed to this cluster (a refused connection takes ~0.1 s; asked once per
-    process). `include_dashboard=False` still registers the dashboard's address in the GCS, so only
-    asking tells."""
-    import ray
-    from ray.util.state import get_actor
+_STATE_API: dict[str, bool] = {}  # GCS address -> whether its State API answers (definite answers only)
 
-    if not ray.is_initialized():  # not connected to a cluster: nothing to judge by, keep Ray's default
+
+def state_api_served() -> bool:
+    """Whether Ray Train's placement-group cleaner could work on the cluster this process is connected to:
+    whether anything answers at the State API address its dashboard registered in the GCS (where the
+    cleaner's queries go; `include_dashboard=False` still registers one). False only where that is certain:
+    a refused connection — for a loopback address only from the head node, where the dashboard and the
+    cleaner run. Anything else (no address yet, a timeout, a worker node) keeps Ray's default, unremembered."""
+    import ray
+
+    if not ray.is_initialized() or os.environ.get("RAY_API_SERVER_ADDRESS"):
         return True
-    context = ray.get_runtime_context()
+    gcs = ray.get_runtime_context().gcs_address
+    if gcs not in _STATE_API:
+        answer = _state_api_answers()
+        if answer is None:
+            return True
+        _STATE_API[gcs] = answer
+    return _STATE_API[gcs]
+
+
+def _state_api_answers() -> bool | None:
+    import socket
+
+    import ray
+    from ray._common.constants import HEAD_NODE_RESOURCE_NAME  # where Ray Train places the cleaner
+    from ray._private import ray_constants
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    address = _internal_kv_get(ray_constants.DASHBOARD_ADDRESS, namespace=ray_constants.KV_NAMESPACE_DASHBOARD)
+    if address is None:
+        return None  # none registered (yet: a dashboard still starting registers later)
+    host, _, port = address.decode().rpartition(":")
+    if host in ("127.0.0.1", "localhost", "::1"):
+        here = ray.get_runtime_context().get_node_id()
+        node: dict[str, Any] = next((n for n in ray.nodes() if n["NodeID"] == here), {})
+        if HEAD_NODE_RESOURCE_NAME not in node.get("Resources", {}):
+            return None  # the dashboard's own node is another one: nothing to judge from here
     try:
-        get_actor(context.get_actor_id() or "f" * 32, address=context.gcs_address, timeout=10)
-    except Exception:  # noqa: BLE001 - whatever stops this query stops the cleaner's
+        socket.create_connection((host, int(port)), timeout=2).close()
+    except ConnectionRefusedError:
         return False
+    except (OSError, ValueError):
+        return None
     return True
 
 

@@ -137,27 +137,42 @@ def test_a_crashed_rank_resumes_a_hung_peer_times_out_and_a_full_disk_halts_the_
     from sweeps.spec import parse_spec
 
     new_store(tmp_path / "mlflow.db")
-    # Three faults, a trial each, in one sweep (grid order): rank 1 crashes once, rank 1 hangs, rank 0 finds
-    # the disk full. The 4 s process-group timeout is what the hung trial costs; outside the faults no rank
-    # waits that long in a collective: at most 0.2 s measured (2 cores, a third process kept them busy), and
-    # a warm group's idle ranks meet every 1 s (timeout / 4).
+    # Three faults, a trial each, in one sweep (grid order): rank 0 finds the disk full, which halts the
+    # sweep before the other two start; resumed, rank 1 crashes once, then rank 1 hangs. The 4 s
+    # process-group timeout is what the hung trial costs; outside the faults no rank waits that long in a
+    # collective: at most 0.2 s measured (2 cores, a third process kept them busy), and a warm group's
+    # idle ranks meet every 1 s (timeout / 4).
     flag = tmp_path / "disk-is-full"
     flag.touch()
     text = ("name: faults\ntrainable: {name: 'tests.faulty:crash_hang_or_disk_full', "
             f"params: {{marker: '{tmp_path / 'crashed'}', flag: '{flag}'}}}}\n"
-            "space: {params.fault: {type: categorical, choices: [crash, hang, disk]}}\nsearch: {algorithm: grid}\n"
+            "space: {params.fault: {type: categorical, choices: [disk, crash, hang]}}\nsearch: {algorithm: grid}\n"
             "budget: {num_trials: 3, num_steps: 20, num_warmup_steps: 2, checkpoint_every_steps: 5, max_retries: 1,\n"
             "         collective_timeout_s: 4}\n"
             f"scaling: {{reuse_workers: {reuse}}}\n"
             f"tracking: {{uri: 'sqlite:///{tmp_path / 'mlflow.db'}'}}\nstorage_path: {tmp_path / 'r'}\n")
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     lines: list[str] = []
-    t0 = time.monotonic()
     first = run_sweep(parse_spec(text), text, echo=lines.append)
+    # The full disk halts the sweep at once (the next trial would hit the same full disk), saying why and what to do.
+    assert first.interrupted.startswith("halted: trial 1 disk_full: rank 0: OSError: [Errno 28] No space left on device")
+    assert "free space" in first.interrupted
+    [halted] = first.trials  # no other trial started
+    assert halted.status == "interrupted" and "No space left on device" in halted.reason
+    assert any(line.startswith("HALTING the sweep") for line in lines)
+    assert any("sweeps resume faults --storage-path" in line for line in lines), lines
+    assert client.get_run(halted.run_id).info.status == "KILLED"
+    assert client.get_run(first.parent_run_id).info.status == "KILLED"
+
+    flag.unlink()  # space freed
+    t0 = time.monotonic()
+    second = run_sweep(parse_spec(text), text, echo=lines.append)  # finishes the budget
+    assert not second.interrupted, second.interrupted
     assert (tmp_path / "crashed").exists()  # the fault fired
-    trials = {t.params["workload.fault"]: t for t in first.trials}
-    crashed, hung, halted = trials["crash"], trials["hang"], trials["disk"]
-    assert crashed.status == "ok", crashed.reason
+    trials = {t.params["workload.fault"]: t for t in second.trials}
+    assert {f: t.status for f, t in trials.items()} == {"disk": "ok", "crash": "ok", "hang": "error"}, \
+        [(t.status, t.reason) for t in second.trials]
+    crashed, hung = trials["crash"], trials["hang"]
     run = client.get_run(crashed.run_id)
     # Rank 1 died at its 15th forward = measured step 13. The retry resumes from the last checkpoint
     # Ray Train's controller had registered by then: step 10, or 5 if the step-10 report was still
@@ -167,22 +182,8 @@ def test_a_crashed_rank_resumes_a_hung_peer_times_out_and_a_full_disk_halts_the_
     # The hung peer: rank 0 waits in DDP's all-reduce until the 4 s process-group timeout fails the
     # trial (not retried: not a crash); no process is left (conftest checks)
     assert hung.status == "error" and "rank 0" in hung.reason and "imed out" in hung.reason, hung.reason
-    # The full disk halts the sweep at once (the next trial would hit the same full disk), saying why and what to do.
-    assert first.interrupted.startswith("halted: trial 3 disk_full: rank 0: OSError: [Errno 28] No space left on device")
-    assert "free space" in first.interrupted
-    assert halted.status == "interrupted" and "No space left on device" in halted.reason
-    assert any(line.startswith("HALTING the sweep") for line in lines)
-    assert any("sweeps resume faults --storage-path" in line for line in lines), lines
-    assert client.get_run(halted.run_id).info.status == "KILLED"
-    assert client.get_run(first.parent_run_id).info.status == "KILLED"
     assert time.monotonic() - t0 < 180
-
-    flag.unlink()  # space freed
-    second = run_sweep(parse_spec(text), text, echo=lines.append)
-    assert not second.interrupted, second.interrupted
-    assert {t.params["workload.fault"]: t.status for t in second.trials} == {"crash": "ok", "hang": "error", "disk": "ok"}
-    resumed_trial = next(t for t in second.trials if t.params["workload.fault"] == "disk")
-    assert second.parent_run_id == first.parent_run_id and resumed_trial.run_id == halted.run_id  # same runs
+    assert second.parent_run_id == first.parent_run_id and trials["disk"].run_id == halted.run_id  # same runs
     exp = client.get_run(first.parent_run_id).info.experiment_id
     children = client.search_runs([exp], f"tags.`mlflow.parentRunId` = '{first.parent_run_id}'")
     assert len({r.data.tags["sweep.trial_id"] for r in children}) == len(children) == 3  # none duplicated

@@ -222,3 +222,19 @@ def test_a_slow_configuration_keeps_the_steps_its_noise_figure_needs(data_dir: P
     assert final[contract.STEPS] == 3 and contract.throughput_cv_key("samples") in final
     assert final[contract.seen_key("samples")] == (2 + 3) * 16  # two warm-up steps, three measured
     assert 0.15 <= final[contract.WARMUP_STEPS_S] < final[contract.WARMUP_S]  # step 1 alone was timed
+
+
+def test_the_time_box_counts_report_waits_the_throughput_does_not() -> None:
+    from trainables.telemetry import StepTimer
+
+    now = [0.0]
+    timer = StepTimer(CPU, clock=lambda: now[0])
+    timer.start()
+    now[0] += 1.0  # a second of steps
+    with timer.paused(report=True):
+        now[0] += 0.5  # a report that waited for Ray Train's controller
+    with timer.paused():
+        now[0] += 2.0  # an evaluation
+    now[0] += 1.0
+    assert timer.elapsed_s() == pytest.approx(2.0)  # training only: what throughput divides by
+    assert timer.box_s() == pytest.approx(2.5)  # max_window_s bounds what the trial costs: the wait counts

@@ -481,21 +481,22 @@ def _measured_step_done(t: _Trial, length: TrialLength, win: MeasuredWindow, ckp
             win.replan(length.sub_every())
     elif length.cap_due(measured, win.sub_windows(), marked):  # has it lasted max_window_s?
         where.at("window-cap", step)
-        length.cap(all_reduce([win.timer.elapsed_s()], t.device, op="max")[0], measured)
+        length.cap(all_reduce([win.timer.box_s()], t.device, op="max")[0], measured)
     where.at("report", step)
     total = length.total(measured)
     if evals.reached is not None or not length.more_after(measured):
         return
     # Handing a report on is the service's time, not training's: left out of the window's clock, as an
     # evaluation is (Ray Train's report waits until its controller took the previous one: up to a poll
-    # interval, 0.5 s, which a cold trial reporting every 0.01 s paid at every step)
+    # interval, 0.5 s, which a cold trial reporting every 0.01 s paid at every step), but counted by
+    # the time box (`box_s`), which bounds what the trial costs
     if ckpt.due(total):
         metrics = win.report(total)
-        with win.timer.paused():
+        with win.timer.paused(report=True):
             ckpt.report(reporter, metrics, t.model, t.optimizer, t.scaler, scheduler, total)
     elif evaluated or win.report_due():  # with report_evals, after each evaluation too: ASHA's curve
         metrics = {**win.report(total), **evaluated}
-        with win.timer.paused():
+        with win.timer.paused(report=True):
             reporter.report(metrics)
 
 

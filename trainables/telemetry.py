@@ -24,6 +24,7 @@ class StepTimer:
         self._t0: float | None = None
         self.data_wait_s = 0.0
         self.paused_s = 0.0  # measured-window time spent outside training (evaluations, handing reports on)
+        self.report_wait_s = 0.0  # the part of it spent handing reports on (the time box counts it)
         self.steps = 0
 
     def now(self, sync: bool = False) -> float:
@@ -53,14 +54,18 @@ class StepTimer:
             self.data_wait_s += self._clock() - t
 
     @contextlib.contextmanager
-    def paused(self) -> Iterator[float]:
-        """Time spent inside is not training time: left out of `elapsed_s` (synchronised at both ends)."""
+    def paused(self, report: bool = False) -> Iterator[float]:
+        """Time spent inside is not training time: left out of `elapsed_s` (synchronised at both ends);
+        `report`: handing a report on, which the window's time box still counts (`box_s`)."""
         self._sync()
         t = self._clock()
         yield t
         self._sync()
         if self.measuring:
-            self.paused_s += self._clock() - t
+            spent = self._clock() - t
+            self.paused_s += spent
+            if report:
+                self.report_wait_s += spent
 
     def step_done(self) -> None:
         if self.measuring:
@@ -71,6 +76,11 @@ class StepTimer:
         assert self._t0 is not None, "StepTimer.start() was not called"
         self._sync()
         return self._clock() - self._t0 - self.paused_s
+
+    def box_s(self) -> float:
+        """What the window has cost against its time box: training and the handing on of reports (a
+        report path that waits must not stretch a boxed trial), evaluations left out as before."""
+        return self.elapsed_s() + self.report_wait_s
 
 
 # --- per-trial telemetry: sampler + memory + copy time, combined over ranks -------------
