@@ -122,8 +122,9 @@ def _lean_torch_trainer() -> type:
         def _create_default_callbacks(self) -> list[Any]:
             # (mypy reads Train V1's TorchTrainer, which has no such method; Ray 2.60 runs V2's)
             callbacks = super()._create_default_callbacks()  # type: ignore[misc]
-            unused = ({_DATASETS_CALLBACK} if not self.datasets else set()) | \
-                ({_CLEANER_CALLBACK} if not state_api_served() else set())
+            unused = set() if self.datasets else {_DATASETS_CALLBACK}
+            if not state_api_served():
+                unused.add(_CLEANER_CALLBACK)
             return without_callbacks(callbacks, unused)
 
     return LeanTorchTrainer
