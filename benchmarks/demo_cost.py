@@ -14,7 +14,10 @@ elapsed at that line), the largest `perf/sol_pct` of any trial, and whether ever
 emulation. Goals (issue 27, on a 2-core CPU without avx512_bf16): sweep <= 180 s, |first ETA error| <=
 25%, no sol_pct above 100, the bf16 verdicts name emulation.
 
-    .venv/bin/python benchmarks/demo_cost.py [--modes native,emulated,avx2]
+    .venv/bin/python benchmarks/demo_cost.py [--modes native,emulated,avx2] [--spec examples/demo.yaml]
+
+`--spec` runs another sweep the same way, e.g. `benchmarks/first_trial_data.yaml`, whose first trial writes
+the data every later trial finds made (the first ETA's worst case on a GPU).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ _ETA = re.compile(r"^\[trial 1/\d+\] .*\| elapsed (\d+)s, ETA (\d+)s")
 _WALL = re.compile(r"^Sweep \S+ finished in (\d+)s: (\d+)/(\d+) trials ok")
 
 
-def run(mode: str) -> dict[str, Any]:
+def run(mode: str, spec: Path) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="demo-cost-") as tmp:
         env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")}
         env["XDG_CACHE_HOME"] = str(Path(tmp) / "cache")
@@ -46,7 +49,7 @@ def run(mode: str) -> dict[str, Any]:
             env["ONEDNN_MAX_CPU_ISA"] = "AVX2"
         if mode == "avx2":
             env["ATEN_CPU_CAPABILITY"] = "avx2"
-        cmd = [sys.executable, "-m", "sweeps", "run", "--restart", str(REPO / "examples" / "demo.yaml")]
+        cmd = [sys.executable, "-m", "sweeps", "run", "--restart", str(spec)]
         proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=1800)
         out = proc.stdout.splitlines()
         if proc.returncode != 0:
@@ -56,6 +59,7 @@ def run(mode: str) -> dict[str, Any]:
                                for line in out if (m := _WALL.match(line)))
         db = sqlite3.connect(Path(tmp) / "mlflow.db")
         sol = [v for (v,) in db.execute("select value from latest_metrics where key = 'perf/sol_pct'")]
+        made = [v for (v,) in db.execute("select value from latest_metrics where key = 'time/data_prep_s'")]
         verdicts = [v for (v,) in db.execute(
             "select t.value from tags t join params p on t.run_uuid = p.run_uuid "
             "where t.key = 'sweep.verdict_reason' and p.key = 'precision' and p.value = 'bf16-mixed'")]
@@ -68,7 +72,8 @@ def run(mode: str) -> dict[str, Any]:
     remaining = wall - elapsed
     return {"mode": mode, "sweep_s": wall, "trials_ok": ok, "trials": total, "first_eta_s": eta,
             "first_eta_remaining_s": remaining, "first_eta_error_pct": 100.0 * (eta - remaining) / remaining,
-            "max_sol_pct": max(sol) if sol else None, "bf16_trials": len(verdicts),
+            "max_sol_pct": max(sol) if sol else None, "data_prep_s": sum(made) if made else None,
+            "bf16_trials": len(verdicts),
             "bf16_verdicts_name_emulation": sum("emulated" in v for v in verdicts),
             "fp32_b64_samples_per_s": rates["32"], "bf16_b64_samples_per_s": rates["bf16-mixed"]}
 
@@ -76,16 +81,21 @@ def run(mode: str) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--modes", default="native,emulated")
+    ap.add_argument("--spec", default=str(REPO / "examples" / "demo.yaml"))
     a = ap.parse_args()
-    rows = [run(mode) for mode in a.modes.split(",")]
-    print(table(["mode", "sweep s", "ok", "first ETA s", "remaining s", "ETA error %", "max sol %", "bf16 'emulated'",
-                 "fp32 / bf16 at batch 64 (samples/s)"],
+    spec = Path(a.spec).resolve()
+    rows = [{"spec": str(spec.relative_to(REPO)) if spec.is_relative_to(REPO) else str(spec), **run(mode, spec)}
+            for mode in a.modes.split(",")]
+    print(table(["mode", "sweep s", "ok", "first ETA s", "remaining s", "ETA error %", "max sol %", "data made s",
+                 "bf16 'emulated'", "fp32 / bf16 at batch 64 (samples/s)"],
                 [[r["mode"], str(r["sweep_s"]), f"{r['trials_ok']}/{r['trials']}", str(r["first_eta_s"]),
                   str(r["first_eta_remaining_s"]), f"{r['first_eta_error_pct']:+.0f}",
                   f"{r['max_sol_pct']:.1f}" if r["max_sol_pct"] is not None else "-",
+                  f"{r['data_prep_s']:.1f}" if r["data_prep_s"] is not None else "-",
                   f"{r['bf16_verdicts_name_emulation']}/{r['bf16_trials']}",
                   f"{r['fp32_b64_samples_per_s']} / {r['bf16_b64_samples_per_s']}"] for r in rows]))
-    record("demo_cost", f"benchmarks/demo_cost.py --modes {a.modes}", rows)
+    extra = f" --spec {rows[0]['spec']}" if spec != REPO / "examples" / "demo.yaml" else ""
+    record("demo_cost", f"benchmarks/demo_cost.py --modes {a.modes}{extra}", rows)
 
 
 if __name__ == "__main__":

@@ -76,7 +76,7 @@ from trainables.precision import Precision, resolve_precision
 from trainables.reporting import Reporter
 from trainables.telemetry import Telemetry
 from trainables.window import MeasuredWindow, all_reduce, spread, world
-from trainables.workloads.base import BuildContext, Workload
+from trainables.workloads.base import BuildContext, Workload, prepared_s
 
 _spread = spread  # the name tests import from here
 
@@ -242,9 +242,12 @@ class _Trial:
     flops: tuple[float | None, str]
     tags: dict[str, str]
     telemetry: Telemetry | None
+    build_s: float = 0.0  # this rank's `_build`: workload and its data, model to device, FLOPs, DDP, optimizer
+    data_prep_s: float = 0.0  # of which making data files once per node (`ensure_cached`): no later trial repeats it
 
 
 def _build(cfg: TrialConfig, device: torch.device) -> _Trial:
+    t0, prep0 = time.perf_counter(), prepared_s()
     rank, world_size = world()
     if cfg.num_workers and cfg.num_workers != world_size:  # the service routes each trial to a group of its size
         raise RuntimeError(f"this trial is for {cfg.num_workers} rank(s) but runs on {world_size}")
@@ -287,7 +290,8 @@ def _build(cfg: TrialConfig, device: torch.device) -> _Trial:
     telemetry = Telemetry(device, cfg.telemetry_period_s) if cfg.telemetry_period_s > 0 else None
     return _Trial(cfg, device, rank, world_size, wl, prec, model, ddp, forward_model, step_fn, count,
                   _make_optimizer(wl, model, cfg, device), prec.make_scaler(), pin, channels_last, noise, comm,
-                  [p for p in model.parameters() if p.requires_grad], flops, tags, telemetry)
+                  [p for p in model.parameters() if p.requires_grad], flops, tags, telemetry,
+                  build_s=time.perf_counter() - t0, data_prep_s=prepared_s() - prep0)
 
 
 class Where:
@@ -528,7 +532,8 @@ def _finish(final: dict[str, Any], t: _Trial, length: TrialLength, win: Measured
     final[contract.FINAL] = 1
     if length.done_before:
         final[contract.RESTORED_FROM] = length.done_before
-    (final[contract.LOOP_S],) = all_reduce([time.perf_counter() - loop_t0], device, op="max")
+    final[contract.LOOP_S], final[contract.BUILD_S], final[contract.DATA_PREP_S] = all_reduce(
+        [time.perf_counter() - loop_t0, t.build_s, t.data_prep_s], device, op="max")
     if win.warm_end:  # before the measured window: build, loader start-up, compile, warm-up steps
         (final[contract.WARMUP_S],) = all_reduce([win.warm_end - loop_t0], device, op="max")
     if win.warm_steps_s is not None:  # agreed when the window began

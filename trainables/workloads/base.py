@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import time
 from collections.abc import Callable, Sized
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,14 +90,35 @@ class Workload:
             raise WorkloadError(f"workload {name!r} is malformed: " + "; ".join(problems))
 
 
+class _PrepClock:
+    """Seconds this process spent in `ensure_cached` making data or waiting for another process to
+    make it: work the node does once, which no later trial repeats (`prepared_s`)."""
+
+    seconds = 0.0
+
+
+def prepared_s() -> float:
+    """This process's total so far; the loop reports a trial's share as `time/data_prep_s`."""
+    return _PrepClock.seconds
+
+
 def ensure_cached(root: Path, write: Callable[[Path], None]) -> Path:
     """Create `root` once per node by calling `write(tmp_dir)`, safe when ranks or trials race.
 
     The first process to take the lock writes into a temporary folder and renames it into
-    place; the others wait on the lock and then reuse the result.
+    place; the others wait on the lock and then reuse the result. Time spent beyond finding it
+    made counts in `prepared_s`.
     """
     if (root / "DONE").exists():
         return root
+    t0 = time.perf_counter()
+    try:
+        return _make_once(root, write)
+    finally:
+        _PrepClock.seconds += time.perf_counter() - t0
+
+
+def _make_once(root: Path, write: Callable[[Path], None]) -> Path:
     root.parent.mkdir(parents=True, exist_ok=True)
     with open(root.parent / f".{root.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
