@@ -19,7 +19,7 @@ from typing import Any, TextIO
 from sweeps.outcome import MEASURED, NOT_FAILED, UNFINISHED, TrialRow
 from sweeps.spec import CategoricalParam, FixedParam, SweepSpec
 from sweeps.verdict import cv_metric
-from trainables.contract import LOOP_S, WARMUP_S, WARMUP_STEPS_S, WINDOW_S
+from trainables.contract import DATA_PREP_S, LOOP_S, WARMUP_S, WARMUP_STEPS_S, WINDOW_S
 
 
 @dataclass(frozen=True)
@@ -81,19 +81,26 @@ def planned_cost(spec: SweepSpec) -> str:
 class TrialCost:
     """What one ended trial cost: `cost_s`, its own wall time, start to end (not the cluster's or a warm
     group's start-up); of that, what the time boxes may bound: its measured window (`time/window_s`) and
-    warm-up's timed steps (`time/warmup_steps_s`; its build, compilation and step 0 are no box's)."""
+    warm-up's timed steps (`time/warmup_steps_s`; its build, compilation and step 0 are no box's), and
+    what no later trial pays again: the data files it made for the node (`time/data_prep_s`)."""
 
     precision: str
     cost_s: float
     window_s: float = 0.0
     warmup_steps_s: float = 0.0
+    data_prep_s: float = 0.0
+
+    @property
+    def again_s(self) -> float:
+        """What the same trial would cost again here: its cost less the data it made once."""
+        return max(0.0, self.cost_s - self.data_prep_s)
 
     @classmethod
     def of(cls, precision: str, cost_s: float, metrics: dict[str, Any]) -> TrialCost:
         """From a trial's final metrics (0 for a figure it did not report)."""
         def seconds(key: str) -> float:
             return float(v) if isinstance(v := metrics.get(key), (int, float)) else 0.0
-        return cls(precision, cost_s, seconds(WINDOW_S), seconds(WARMUP_STEPS_S))
+        return cls(precision, cost_s, seconds(WINDOW_S), seconds(WARMUP_STEPS_S), seconds(DATA_PREP_S))
 
     def boxed_s(self, warmup_boxed: bool) -> float:
         """The seconds the boxes bound: the window, and warm-up's timed steps where `max_warmup_s` is on
@@ -139,7 +146,8 @@ def price_s(spec: SweepSpec, precision: str | None, costs: Costs) -> float:
     """What a trial of `precision` is expected to cost (nan before any trial ended).
 
     The mean of the ended trials of that precision, the knob that sets a step's cost class (bf16 vs
-    fp32 on Tensor Cores; emulated kernels on a CPU). With none ended yet, the mean of all ended trials,
+    fp32 on Tensor Cores; emulated kernels on a CPU), each less the data it made for the node, which
+    later trials find made (`TrialCost.again_s`). With none ended yet, the mean of all ended trials,
     unless the sweep measured that precision emulated here: such steps are several times fp32's, so its
     trials run until their time boxes end them, and cost what the ended trials cost beyond what their
     boxes bound (`TrialCost.boxed_s`: the rest is start-up, build, step 0, validation, reports) plus
@@ -151,13 +159,13 @@ def price_s(spec: SweepSpec, precision: str | None, costs: Costs) -> float:
     if precision is None:
         choices = [str(c) for c in _choices(spec.space.precision)]
         return statistics.fmean(price_s(spec, c, costs) for c in choices)
-    same = [c.cost_s for c in ended if c.precision == precision]
+    same = [c.again_s for c in ended if c.precision == precision]
     if same:
         return statistics.fmean(same)
-    mean = statistics.fmean(c.cost_s for c in ended)
+    mean = statistics.fmean(c.again_s for c in ended)
     _, window, warmup = spec.trial_clock()
     if precision in costs.emulated and window:
-        beyond = statistics.fmean(max(0.0, c.cost_s - c.boxed_s(warmup > 0)) for c in ended)
+        beyond = statistics.fmean(max(0.0, c.again_s - c.boxed_s(warmup > 0)) for c in ended)
         return max(mean, beyond + warmup + window)
     return mean
 
@@ -270,7 +278,9 @@ def overhead_line(rows: list[TrialRow], wall_s: float, groups: int | None, probe
     loops, warm, window = _total(ended, LOOP_S), _total(ended, WARMUP_S), _total(ended, WINDOW_S)
     service = wall_s - probe_s - loops
     probe = f"memory probe {probe_s:.1f} s + " if probe_s else ""
-    inside = (f" (warm-up incl. compile {warm:.1f} s, measured {window:.1f} s, validation and the rest "
+    made = _total(ended, DATA_PREP_S)  # data files written once for the node, inside warm-up's build
+    of_it = f", of it {made:.1f} s making data" if made >= 0.05 else ""
+    inside = (f" (warm-up incl. compile {warm:.1f} s{of_it}, measured {window:.1f} s, validation and the rest "
               f"{loops - warm - window:.1f} s)" if warm and window else "")
     if service < 0:  # trials ran side by side: their loops add up to more than the wall time
         return (f"{mode}; sweep wall {wall_s:.1f} s, {probe}trial loops {loops:.1f} s in all{inside}: the trials "

@@ -108,6 +108,8 @@ def test_the_overhead_line_splits_probe_warm_up_and_the_services_own_cost() -> N
         "warm worker groups: 2 started for 4 trial(s); sweep wall 50.0 s, trial loops 74.8 s in all (warm-up incl. "
         "compile 40.0 s, measured 24.0 s, validation and the rest 10.8 s): the trials overlapped, so the service's "
         "own cost cannot be told apart")
+    rows[0].metrics["time/data_prep_s"] = 9.7  # the first trial wrote the node's data files during its build
+    assert "(warm-up incl. compile 40.0 s, of it 9.7 s making data, measured 24.0 s," in overhead_line(rows, 185.6, 1)
     assert overhead_line([TrialRow("f", 1, {}, status="oom")], 10.0, None) == (
         "one Ray Train run per trial; no trial ran its loop to the end, so no overhead figure")
 
@@ -166,6 +168,22 @@ def test_the_eta_prices_each_precision_by_its_own_trials_and_an_emulated_one_at_
                      "['32', 'bf16-mixed']}}\nbudget: {num_trials: 3, num_steps: 2}\n")
     one = [TrialRow("t1", 1, {"precision": "32"}, status="ok")]
     assert remaining_s(tpe, one, Costs([fp32], emulated=frozenset({"bf16-mixed"}))) == 2 * (6.0 + 8.5) / 2
+
+
+def test_the_data_a_trial_made_for_the_node_is_not_priced_into_the_trials_after_it() -> None:
+    from sweeps.progress import Costs, TrialCost, remaining_s
+
+    # the H200 run of 2026-11-26: trial 1 of GPT-2 small wrote the token shards every later trial found made
+    spec8 = parse_spec("name: p\ntrainable: {name: mlp-tabular}\nbudget: {num_trials: 8, num_steps: 2}\n")
+    rows = [TrialRow("t1", 1, {"precision": "32"}, status="ok")]
+    first = TrialCost.of("32", 40.0, {"time/data_prep_s": 25.0, "time/window_s": 10.0})
+    assert first.again_s == 15.0
+    assert remaining_s(spec8, rows, Costs([first])) == 7 * 15.0  # not 7 x 40
+    assert TrialCost.of("32", 3.0, {"time/data_prep_s": 4.0}).again_s == 0.0  # never below nothing
+    # an emulated precision: what the ended trial cost beyond its boxes, less the data it made, plus both boxes
+    demo = parse_spec((Path(__file__).resolve().parents[1] / "examples" / "demo.yaml").read_text())  # boxes 3 + 5 s
+    fp32 = TrialCost("32", 9.0, window_s=5.0, warmup_steps_s=0.5, data_prep_s=3.0)  # 0.5 s beyond, once made
+    assert remaining_s(demo, rows, Costs([fp32], emulated=frozenset({"bf16-mixed"}))) == 3 * 6.0 + 4 * 8.5
 
 
 def test_what_the_time_boxes_bound_leaves_out_the_build_and_step_0() -> None:
