@@ -51,12 +51,13 @@ def machine() -> dict[str, Any]:
             versions[pkg] = version(pkg)
         except PackageNotFoundError:
             pass
-    try:  # a copy of the tree without .git (or a machine without git) takes the commit from GIT_SHA
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                             text=True).stdout.strip()
-    except OSError:
-        sha = ""
-    sha = sha or os.environ.get("GIT_SHA", "")
+    sha = os.environ.get("GIT_SHA", "")  # said by whoever copied the tree (its .git may be absent or stale)
+    if not sha:
+        try:
+            sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                                 text=True).stdout.strip()
+        except OSError:  # no git on this machine
+            sha = ""
     return {"cpu": cpu_model(), "isa": cpu_isa_flags(), "cores": os.cpu_count(), "python": platform.python_version(),
             "memory_gib": round(psutil.virtual_memory().total / 1024**3, 1),
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",

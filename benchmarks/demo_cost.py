@@ -75,7 +75,7 @@ def run(mode: str, spec: Path) -> dict[str, Any]:
             "max_sol_pct": max(sol) if sol else None, "data_prep_s": sum(made) if made else None,
             "bf16_trials": len(verdicts),
             "bf16_verdicts_name_emulation": sum("emulated" in v for v in verdicts),
-            "fp32_b64_samples_per_s": rates["32"], "bf16_b64_samples_per_s": rates["bf16-mixed"]}
+            "fp32_b64_samples_per_s": rates["32"] or None, "bf16_b64_samples_per_s": rates["bf16-mixed"] or None}
 
 
 def main() -> None:
@@ -93,7 +93,7 @@ def main() -> None:
                   f"{r['max_sol_pct']:.1f}" if r["max_sol_pct"] is not None else "-",
                   f"{r['data_prep_s']:.1f}" if r["data_prep_s"] is not None else "-",
                   f"{r['bf16_verdicts_name_emulation']}/{r['bf16_trials']}",
-                  f"{r['fp32_b64_samples_per_s']} / {r['bf16_b64_samples_per_s']}"] for r in rows]))
+                  f"{r['fp32_b64_samples_per_s'] or '-'} / {r['bf16_b64_samples_per_s'] or '-'}"] for r in rows]))
     extra = f" --spec {rows[0]['spec']}" if spec != REPO / "examples" / "demo.yaml" else ""
     record("demo_cost", f"benchmarks/demo_cost.py --modes {a.modes}{extra}", rows)
 

@@ -90,10 +90,10 @@ class TrialCost:
     warmup_steps_s: float = 0.0
     data_prep_s: float = 0.0
 
-    @property
-    def again_s(self) -> float:
-        """What the same trial would cost again here: its cost less the data it made once."""
-        return max(0.0, self.cost_s - self.data_prep_s)
+    def again_s(self, data_shared: bool) -> float:
+        """What a trial like it would cost next: less the data it made, where the trials to come read the
+        same data (`data_shared`), which they then find made (on its node; another node makes its own)."""
+        return max(0.0, self.cost_s - self.data_prep_s) if data_shared else self.cost_s
 
     @classmethod
     def of(cls, precision: str, cost_s: float, metrics: dict[str, Any]) -> TrialCost:
@@ -147,7 +147,8 @@ def price_s(spec: SweepSpec, precision: str | None, costs: Costs) -> float:
 
     The mean of the ended trials of that precision, the knob that sets a step's cost class (bf16 vs
     fp32 on Tensor Cores; emulated kernels on a CPU), each less the data it made for the node, which
-    later trials find made (`TrialCost.again_s`). With none ended yet, the mean of all ended trials,
+    later trials find made unless the space searches a trainable param (`TrialCost.again_s`). With none
+    ended yet, the mean of all ended trials,
     unless the sweep measured that precision emulated here: such steps are several times fp32's, so its
     trials run until their time boxes end them, and cost what the ended trials cost beyond what their
     boxes bound (`TrialCost.boxed_s`: the rest is start-up, build, step 0, validation, reports) plus
@@ -156,16 +157,19 @@ def price_s(spec: SweepSpec, precision: str | None, costs: Costs) -> float:
     ended = costs.ended
     if not ended:
         return math.nan
+    # a searched trainable param may be one that shapes the data (image_size, num_train_tokens): then
+    # the trials to come may each make their own
+    shared = all(isinstance(p, FixedParam) for p in spec.space.params.values())
     if precision is None:
         choices = [str(c) for c in _choices(spec.space.precision)]
         return statistics.fmean(price_s(spec, c, costs) for c in choices)
-    same = [c.again_s for c in ended if c.precision == precision]
+    same = [c.again_s(shared) for c in ended if c.precision == precision]
     if same:
         return statistics.fmean(same)
-    mean = statistics.fmean(c.again_s for c in ended)
+    mean = statistics.fmean(c.again_s(shared) for c in ended)
     _, window, warmup = spec.trial_clock()
     if precision in costs.emulated and window:
-        beyond = statistics.fmean(max(0.0, c.again_s - c.boxed_s(warmup > 0)) for c in ended)
+        beyond = statistics.fmean(max(0.0, c.again_s(shared) - c.boxed_s(warmup > 0)) for c in ended)
         return max(mean, beyond + warmup + window)
     return mean
 

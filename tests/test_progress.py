@@ -173,13 +173,17 @@ def test_the_eta_prices_each_precision_by_its_own_trials_and_an_emulated_one_at_
 def test_the_data_a_trial_made_for_the_node_is_not_priced_into_the_trials_after_it() -> None:
     from sweeps.progress import Costs, TrialCost, remaining_s
 
-    # the H200 run of 2026-11-26: trial 1 of GPT-2 small wrote the token shards every later trial found made
+    # illustrative figures, in the shape of the H200 run of 2026-11-26: trial 1 wrote the data files
     spec8 = parse_spec("name: p\ntrainable: {name: mlp-tabular}\nbudget: {num_trials: 8, num_steps: 2}\n")
     rows = [TrialRow("t1", 1, {"precision": "32"}, status="ok")]
     first = TrialCost.of("32", 40.0, {"time/data_prep_s": 25.0, "time/window_s": 10.0})
-    assert first.again_s == 15.0
+    assert first.again_s(True) == 15.0 and first.again_s(False) == 40.0
     assert remaining_s(spec8, rows, Costs([first])) == 7 * 15.0  # not 7 x 40
-    assert TrialCost.of("32", 3.0, {"time/data_prep_s": 4.0}).again_s == 0.0  # never below nothing
+    assert TrialCost.of("32", 3.0, {"time/data_prep_s": 4.0}).again_s(True) == 0.0  # never below nothing
+    # a searched trainable param may shape the data (here the rows): each trial to come may make its own
+    searched = parse_spec("name: p\ntrainable: {name: mlp-tabular}\nspace: {params.num_train_rows: {type: "
+                          "categorical, choices: [1024, 2048]}}\nbudget: {num_trials: 2, num_steps: 2}\n")
+    assert remaining_s(searched, rows, Costs([first])) == 40.0
     # an emulated precision: what the ended trial cost beyond its boxes, less the data it made, plus both boxes
     demo = parse_spec((Path(__file__).resolve().parents[1] / "examples" / "demo.yaml").read_text())  # boxes 3 + 5 s
     fp32 = TrialCost("32", 9.0, window_s=5.0, warmup_steps_s=0.5, data_prep_s=3.0)  # 0.5 s beyond, once made

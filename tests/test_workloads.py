@@ -97,6 +97,8 @@ def test_the_data_a_trial_makes_is_timed_once_and_found_made_by_the_next(tmp_pat
     assert first[contract.DATA_PREP_S] > 0 and first[contract.BUILD_S] >= first[contract.DATA_PREP_S]
     assert first[contract.WARMUP_S] >= first[contract.BUILD_S]
     assert again[contract.DATA_PREP_S] == 0.0 and again[contract.BUILD_S] > 0
+    made_in_memory, _ = _run("mlp-tabular", tmp_path, steps=2)  # its rows never go through ensure_cached
+    assert contract.DATA_PREP_S not in made_in_memory and made_in_memory[contract.BUILD_S] > 0  # absent, not 0
 
 
 def test_gpt2_small_preset_is_124m_parameters() -> None:

@@ -33,7 +33,7 @@ LOOP_S = "time/loop_total_s"  # the loop's own wall time: build, data, warm-up, 
 WARMUP_S = "time/warmup_s"  # the loop's wall time before the measured window: build, loader start, compile, warm-up steps
 WARMUP_STEPS_S = "time/warmup_steps_s"  # warm-up's timed steps (from step 1; max over ranks): what max_warmup_s bounds
 BUILD_S = "time/build_s"  # the trial's build (max over ranks): workload and its data, model to device, FLOP count, DDP, optimizer
-DATA_PREP_S = "time/data_prep_s"  # of the build, data files made once per node (`ensure_cached`; 0 when already made)
+DATA_PREP_S = "time/data_prep_s"  # of the build, data files made once per node (`ensure_cached`; 0 when found made)
 WINDOW_S = "time/window_s"  # the measured window's length (max over ranks; periodic evaluations and the handing on of reports left out)
 RESTORED_FROM = "progress/restored_from_step"  # measured steps a crashed attempt had done (resumed from them)
 CHECKPOINT_FILE = "state.pt"
@@ -116,7 +116,8 @@ SWEEP_LEVEL_METRICS: tuple[str, ...] = (PREDICT_TIME_TO_TARGET_S, PREDICT_ERROR_
 def is_final_only(key: str) -> bool:
     """A metric only the final report carries (it needs validation or the whole window); with
     `report_evals`, loss/val and eval/* are also in the report after each measured evaluation."""
-    return key in (LOSS_VAL, TFLOPS, MFU_PCT, LOOP_S, WARMUP_S, WARMUP_STEPS_S, BUILD_S, DATA_PREP_S, WINDOW_S, TIME_TO_TARGET_S, STEPS_TO_TARGET,
+    return key in (LOSS_VAL, TFLOPS, MFU_PCT, LOOP_S, WARMUP_S, WARMUP_STEPS_S, BUILD_S, DATA_PREP_S,
+                   WINDOW_S, TIME_TO_TARGET_S, STEPS_TO_TARGET,
                    TARGET_BEST, EVAL_TOTAL_S, EVALS, *SWEEP_LEVEL_METRICS,
                    *[throughput_cv_key(u) for u in THROUGHPUT_UNITS]) or key.startswith(EVAL_PREFIX)
 

@@ -76,7 +76,7 @@ from trainables.precision import Precision, resolve_precision
 from trainables.reporting import Reporter
 from trainables.telemetry import Telemetry
 from trainables.window import MeasuredWindow, all_reduce, spread, world
-from trainables.workloads.base import BuildContext, Workload, prepared_s
+from trainables.workloads.base import BuildContext, Workload, prepared
 
 _spread = spread  # the name tests import from here
 
@@ -244,10 +244,11 @@ class _Trial:
     telemetry: Telemetry | None
     build_s: float = 0.0  # this rank's `_build`: workload and its data, model to device, FLOPs, DDP, optimizer
     data_prep_s: float = 0.0  # of which making data files once per node (`ensure_cached`): no later trial repeats it
+    data_cached: int = 0  # `ensure_cached` calls in the build: 0 where the workload keeps its data some other way
 
 
 def _build(cfg: TrialConfig, device: torch.device) -> _Trial:
-    t0, prep0 = time.perf_counter(), prepared_s()
+    t0, (prep0, calls0) = time.perf_counter(), prepared()
     rank, world_size = world()
     if cfg.num_workers and cfg.num_workers != world_size:  # the service routes each trial to a group of its size
         raise RuntimeError(f"this trial is for {cfg.num_workers} rank(s) but runs on {world_size}")
@@ -288,10 +289,12 @@ def _build(cfg: TrialConfig, device: torch.device) -> _Trial:
     if cfg.pin_memory and not pin and rank == 0:
         warnings.warn("pin_memory=True has no effect without CUDA; running unpinned", stacklevel=3)
     telemetry = Telemetry(device, cfg.telemetry_period_s) if cfg.telemetry_period_s > 0 else None
-    return _Trial(cfg, device, rank, world_size, wl, prec, model, ddp, forward_model, step_fn, count,
-                  _make_optimizer(wl, model, cfg, device), prec.make_scaler(), pin, channels_last, noise, comm,
-                  [p for p in model.parameters() if p.requires_grad], flops, tags, telemetry,
-                  build_s=time.perf_counter() - t0, data_prep_s=prepared_s() - prep0)
+    optimizer = _make_optimizer(wl, model, cfg, device)
+    prep_s, calls = prepared()
+    return _Trial(cfg, device, rank, world_size, wl, prec, model, ddp, forward_model, step_fn, count, optimizer,
+                  prec.make_scaler(), pin, channels_last, noise, comm, [p for p in model.parameters() if p.requires_grad],
+                  flops, tags, telemetry, build_s=time.perf_counter() - t0, data_prep_s=prep_s - prep0,
+                  data_cached=calls - calls0)
 
 
 class Where:
@@ -532,8 +535,10 @@ def _finish(final: dict[str, Any], t: _Trial, length: TrialLength, win: Measured
     final[contract.FINAL] = 1
     if length.done_before:
         final[contract.RESTORED_FROM] = length.done_before
-    final[contract.LOOP_S], final[contract.BUILD_S], final[contract.DATA_PREP_S] = all_reduce(
-        [time.perf_counter() - loop_t0, t.build_s, t.data_prep_s], device, op="max")
+    final[contract.LOOP_S], final[contract.BUILD_S], prep_s, cached = all_reduce(
+        [time.perf_counter() - loop_t0, t.build_s, t.data_prep_s, float(t.data_cached)], device, op="max")
+    if cached:  # measured only where the workload's data goes through ensure_cached: else absent, never 0
+        final[contract.DATA_PREP_S] = prep_s
     if win.warm_end:  # before the measured window: build, loader start-up, compile, warm-up steps
         (final[contract.WARMUP_S],) = all_reduce([win.warm_end - loop_t0], device, op="max")
     if win.warm_steps_s is not None:  # agreed when the window began

@@ -4,7 +4,7 @@
 # --only-binary=:all: --python-version 3.12` of ray[default,train,tune]==2.60.0 mlflow==3.17.2 optuna==5.0.0
 # pydantic, `pip install --no-deps --target site`, less what the GPU image already has (numpy, pandas, pyarrow,
 # scipy, scikit-learn, matplotlib, pillow), ray/jars, ray/rllib, ray/serve, ray/llm and mlflow/server/js;
-# `tar cJf`). How benchmarks/gpu/h200-2026-11-26 was produced.
+# `tar cJf`). How benchmarks/gpu/h200-2026-11-26 was produced (then with OUT set by the machine's runner).
 # Usage, from the repo root: GIT_SHA=<commit> bash benchmarks/gpu/acceptance_bundled.sh STAGES ROUNDS PARITY_STEPS LIMIT_S
 # Writes OUT (default /tmp/acceptance-out): results.jsonl (the repo's, with this run's entries appended) and acc.tgz.
 set -u
@@ -23,5 +23,5 @@ timeout "$4" python3 benchmarks/gpu_acceptance.py --out /tmp/acc --stages "$1" -
   --stage-timeout-s 300 2>&1 | tee /tmp/acc/acceptance.log
 echo "acceptance rc=${PIPESTATUS[0]} at +$(( $(date +%s) - T0 )) s"
 cp benchmarks/results.jsonl "$OUT/results.jsonl"
-tar czf "$OUT/acc.tgz" -C /tmp/acc --exclude ./ray_results . 2>/dev/null
+tar czf "$OUT/acc.tgz" -C /tmp/acc --exclude ./ray_results --exclude './parity-*/*.pt' . 2>/dev/null
 ls -la "$OUT"

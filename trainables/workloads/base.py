@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable, Sized
 from dataclasses import dataclass
@@ -90,16 +91,18 @@ class Workload:
             raise WorkloadError(f"workload {name!r} is malformed: " + "; ".join(problems))
 
 
-class _PrepClock:
-    """Seconds this process spent in `ensure_cached` making data or waiting for another process to
-    make it: work the node does once, which no later trial repeats (`prepared_s`)."""
+_PREP_LOCK = threading.Lock()
+_prep_s = 0.0  # seconds this process spent in `ensure_cached` making data or waiting while another process made it
+_prep_calls = 0  # calls of `ensure_cached`, found made or not
+_prep_depth = 0  # nesting of the calls that are making data (a `write` may call it again): the outer one counts
 
-    seconds = 0.0
 
-
-def prepared_s() -> float:
-    """This process's total so far; the loop reports a trial's share as `time/data_prep_s`."""
-    return _PrepClock.seconds
+def prepared() -> tuple[float, int]:
+    """This process's totals so far, (seconds making data, calls): work a node does once, which no later
+    trial with the same data repeats. The loop reports a trial's share as `time/data_prep_s`, and only
+    where its workload keeps its data through `ensure_cached` (else it cannot tell)."""
+    with _PREP_LOCK:
+        return _prep_s, _prep_calls
 
 
 def ensure_cached(root: Path, write: Callable[[Path], None]) -> Path:
@@ -107,15 +110,22 @@ def ensure_cached(root: Path, write: Callable[[Path], None]) -> Path:
 
     The first process to take the lock writes into a temporary folder and renames it into
     place; the others wait on the lock and then reuse the result. Time spent beyond finding it
-    made counts in `prepared_s`.
+    made counts in `prepared` (a call inside another's `write` counts once, in the outer).
     """
+    global _prep_s, _prep_calls, _prep_depth
+    with _PREP_LOCK:
+        _prep_calls += 1
     if (root / "DONE").exists():
         return root
     t0 = time.perf_counter()
+    _prep_depth += 1
     try:
         return _make_once(root, write)
     finally:
-        _PrepClock.seconds += time.perf_counter() - t0
+        _prep_depth -= 1
+        if _prep_depth == 0:
+            with _PREP_LOCK:
+                _prep_s += time.perf_counter() - t0
 
 
 def _make_once(root: Path, write: Callable[[Path], None]) -> Path:
