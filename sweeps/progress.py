@@ -19,7 +19,7 @@ from typing import Any, TextIO
 from sweeps.outcome import MEASURED, NOT_FAILED, UNFINISHED, TrialRow
 from sweeps.spec import CategoricalParam, FixedParam, SweepSpec
 from sweeps.verdict import cv_metric
-from trainables.contract import DATA_PREP_S, LOOP_S, WARMUP_S, WARMUP_STEPS_S, WINDOW_S
+from trainables.contract import DATA_PREP_S, LOOP_S, TRIAL_IN_GROUP, WARMUP_S, WARMUP_STEPS_S, WINDOW_S
 
 
 @dataclass(frozen=True)
@@ -82,13 +82,16 @@ class TrialCost:
     """What one ended trial cost: `cost_s`, its own wall time, start to end (not the cluster's or a warm
     group's start-up); of that, what the time boxes may bound: its measured window (`time/window_s`) and
     warm-up's timed steps (`time/warmup_steps_s`; its build, compilation and step 0 are no box's), and
-    what no later trial pays again: the data files it made for the node (`time/data_prep_s`)."""
+    what no later trial pays again: the data files it made for the node (`time/data_prep_s`). `fresh`: it
+    ran in a new process (its warm group's first trial, or any cold trial), so it also paid the process's
+    first use of the device and libraries."""
 
     precision: str
     cost_s: float
     window_s: float = 0.0
     warmup_steps_s: float = 0.0
     data_prep_s: float = 0.0
+    fresh: bool = True
 
     def again_s(self, data_shared: bool) -> float:
         """What a trial like it would cost next: less the data it made, where the trials to come read the
@@ -100,7 +103,8 @@ class TrialCost:
         """From a trial's final metrics (0 for a figure it did not report)."""
         def seconds(key: str) -> float:
             return float(v) if isinstance(v := metrics.get(key), (int, float)) else 0.0
-        return cls(precision, cost_s, seconds(WINDOW_S), seconds(WARMUP_STEPS_S), seconds(DATA_PREP_S))
+        return cls(precision, cost_s, seconds(WINDOW_S), seconds(WARMUP_STEPS_S), seconds(DATA_PREP_S),
+                   fresh=str(metrics.get(TRIAL_IN_GROUP, "1")) == "1")
 
     def boxed_s(self, warmup_boxed: bool) -> float:
         """The seconds the boxes bound: the window, and warm-up's timed steps where `max_warmup_s` is on
@@ -142,11 +146,19 @@ def _choices(p: object) -> list[object]:
     return list(p.choices) if isinstance(p, CategoricalParam) else [getattr(p, "value", None)]
 
 
+def _warmed(ended: list[TrialCost]) -> list[TrialCost]:
+    """The trials that ran in a process an earlier trial had warmed, where any did: a warm group's first
+    trial also paid the process's first use of the device (on an H200, GPT-2 small's first trial spent
+    27.5 s before its window, the ones after it 1.8-3.8 s), which the trials after it on that group do not."""
+    return [c for c in ended if not c.fresh] or ended
+
+
 def price_s(spec: SweepSpec, precision: str | None, costs: Costs) -> float:
     """What a trial of `precision` is expected to cost (nan before any trial ended).
 
     The mean of the ended trials of that precision, the knob that sets a step's cost class (bf16 vs
-    fp32 on Tensor Cores; emulated kernels on a CPU), each less the data it made for the node, which
+    fp32 on Tensor Cores; emulated kernels on a CPU) — of those that ran on a warmed process where any
+    did (`_warmed`) — each less the data it made for the node, which
     later trials find made unless the space searches a trainable param (`TrialCost.again_s`). With none
     ended yet, the mean of all ended trials,
     unless the sweep measured that precision emulated here: such steps are several times fp32's, so its
@@ -163,13 +175,13 @@ def price_s(spec: SweepSpec, precision: str | None, costs: Costs) -> float:
     if precision is None:
         choices = [str(c) for c in _choices(spec.space.precision)]
         return statistics.fmean(price_s(spec, c, costs) for c in choices)
-    same = [c.again_s(shared) for c in ended if c.precision == precision]
+    same = [c.again_s(shared) for c in _warmed([c for c in ended if c.precision == precision])]
     if same:
         return statistics.fmean(same)
-    mean = statistics.fmean(c.again_s(shared) for c in ended)
+    mean = statistics.fmean(c.again_s(shared) for c in _warmed(ended))
     _, window, warmup = spec.trial_clock()
     if precision in costs.emulated and window:
-        beyond = statistics.fmean(max(0.0, c.again_s(shared) - c.boxed_s(warmup > 0)) for c in ended)
+        beyond = statistics.fmean(max(0.0, c.again_s(shared) - c.boxed_s(warmup > 0)) for c in _warmed(ended))
         return max(mean, beyond + warmup + window)
     return mean
 

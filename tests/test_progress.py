@@ -190,6 +190,24 @@ def test_the_data_a_trial_made_for_the_node_is_not_priced_into_the_trials_after_
     assert remaining_s(demo, rows, Costs([fp32], emulated=frozenset({"bf16-mixed"}))) == 3 * 6.0 + 4 * 8.5
 
 
+def test_once_a_warmed_process_ran_a_trial_a_groups_first_trial_no_longer_sets_the_price() -> None:
+    from sweeps.progress import Costs, TrialCost, remaining_s
+
+    # in the shape of the H200's GPT-2 sweep: trial 1 paid the process's first use of the GPU, trial 2 did not
+    grid = parse_spec("name: p\ntrainable: {name: mlp-tabular}\nspace: {precision: {type: categorical, choices: "
+                      "['32', 'tf32']}, batch_size: {type: categorical, choices: [8, 16]}}\nsearch: {algorithm: grid}\n"
+                      "budget: {num_trials: 4, num_steps: 2}\n")
+    first = TrialCost.of("32", 40.0, {"pool/trial_in_group": "1"})
+    second = TrialCost.of("32", 15.0, {"pool/trial_in_group": "2"})
+    assert first.fresh and not second.fresh and TrialCost.of("32", 9.0, {}).fresh  # a cold trial: a new process
+    one = [TrialRow("t1", 1, {"precision": "32"}, status="ok")]
+    assert remaining_s(grid, one, Costs([first])) == 3 * 40.0  # all it knows yet: the first trial's cost
+    two = one + [TrialRow("t2", 2, {"precision": "32"}, status="ok")]
+    assert remaining_s(grid, two, Costs([first, second])) == 2 * 15.0  # two tf32 to come, at the warmed trial's cost
+    # cold trials (every one fresh): the mean of all, as before
+    assert remaining_s(grid, two, Costs([TrialCost("32", 40.0), TrialCost("32", 15.0)])) == 2 * 27.5
+
+
 def test_what_the_time_boxes_bound_leaves_out_the_build_and_step_0() -> None:
     from sweeps.progress import TrialCost
 

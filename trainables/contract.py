@@ -35,6 +35,7 @@ WARMUP_STEPS_S = "time/warmup_steps_s"  # warm-up's timed steps (from step 1; ma
 BUILD_S = "time/build_s"  # the trial's build (max over ranks): workload and its data, model to device, FLOP count, DDP, optimizer
 DATA_PREP_S = "time/data_prep_s"  # of the build, data files made once per node (`ensure_cached`; 0 when found made)
 WINDOW_S = "time/window_s"  # the measured window's length (max over ranks; periodic evaluations and the handing on of reports left out)
+TRIAL_IN_GROUP = "pool/trial_in_group"  # a warm group's fact: the trial's place in its group, "1" for the first
 RESTORED_FROM = "progress/restored_from_step"  # measured steps a crashed attempt had done (resumed from them)
 CHECKPOINT_FILE = "state.pt"
 FINAL = "progress/final"  # 1 in the trial's last report (after validation), 0 in progress reports

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from trainables.contract import POOL_CLOSED as CLOSED
 from trainables.contract import POOL_RESIZE as RESIZE
-from trainables.contract import TrialConfig
+from trainables.contract import TRIAL_IN_GROUP, TrialConfig
 from trainables.errors import DivergedError, UnsupportedError, WorkloadError
 from trainables.reporting import keep_checkpoint
 
@@ -193,7 +193,7 @@ def pool_worker(config: dict[str, Any]) -> None:
         served += 1
         reset_between_trials(device)
         reporter = QueueReporter(queue, trial_id, rank, world, Path(checkpoint_dir))
-        facts = {"device/ray_node_id": node, "pool/group": group, "pool/trial_in_group": str(served)}
+        facts = {"device/ray_node_id": node, "pool/group": group, TRIAL_IN_GROUP: str(served)}
         error: BaseException | None = None
         try:
             with naming_workdir(origin):
