@@ -50,8 +50,9 @@ PARITY_CASES = {"gpt2-small/bf16/b16": ("gpt-lm", {"preset": "gpt2-small"}, 16),
                 "gpt2-small/bf16/b8": ("gpt-lm", {"preset": "gpt2-small"}, 8)}
 TRIAL_METRICS = ("throughput/samples_per_s", "throughput/tokens_per_s", "throughput/samples_per_s_cv_pct",
                  "throughput/tokens_per_s_cv_pct", "loss/val", "time/step_ms", "time/data_wait_pct", "time/window_s",
-                 "time/warmup_s", "time/loop_total_s", "progress/steps", "perf/tflops_per_s", "perf/mfu_pct",
-                 "perf/sol_pct", "memory/max_reserved_gib", "gpu/sm_active_mean_pct", "gpu/tensor_active_mean_pct")
+                 "time/warmup_s", "time/warmup_steps_s", "time/build_s", "time/data_prep_s", "time/loop_total_s",
+                 "progress/steps", "perf/tflops_per_s", "perf/mfu_pct", "perf/sol_pct", "memory/max_reserved_gib",
+                 "gpu/sm_active_mean_pct", "gpu/tensor_active_mean_pct")
 KNOBS = ("precision", "batch_size", "compile")
 
 
