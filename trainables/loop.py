@@ -14,7 +14,8 @@ check; the spine makes every collective call itself, in one fixed order, each un
   warmup-box (max_warmup_s: MAX warm-up seconds, before each warm-up step from step 2) ->
   boundary (equal data: SUM items; MAX warm-up step time) -> per step: DDP backward ->
   probe-agree (MAX oom) -> evaluate -> extend (MAX window) / window-cap (MAX window) ->
-  report (SUM, MAX, telemetry gather; a barrier under Ray) -> final -> validate -> facts.
+  report (SUM, MAX, telemetry gather; a barrier under Ray) -> checkpoint (a barrier after rank 0's save:
+  no rank's clock counts it, under torchrun too) -> final -> validate -> facts.
 
 The DDP comm hook (noise_scale.py) adds no collective of its own: it wraps DDP's gradient
 all-reduce, reading the noise scale's norms and the time backward waited for it (`CommTimer`),
@@ -501,6 +502,10 @@ def _measured_step_done(t: _Trial, length: TrialLength, win: MeasuredWindow, ckp
         metrics = win.report(total)
         with win.timer.paused(report=True):
             ckpt.report(reporter, metrics, t.model, t.optimizer, t.scaler, scheduler, total)
+            # rank 0 saved while the others went on: they meet here, paused, and not in the next step's
+            # all-reduce, where the save would count (Ray Train's report is a barrier; plain torchrun's is not)
+            where.at("checkpoint", step)
+            all_reduce([0.0], t.device)
     elif evaluated or win.report_due():  # with report_evals, after each evaluation too: ASHA's curve
         metrics = {**win.report(total), **evaluated}
         with win.timer.paused(report=True):
