@@ -62,19 +62,24 @@ class ProgressLine(str):
 
 
 def planned_cost(spec: SweepSpec) -> str:
-    """What the sweep will cost, said before it starts: trials x the time-boxed trial, by concurrency."""
+    """What the sweep will cost, said before it starts: trials x the time-boxed trial, by concurrency (from
+    `min_window_s`'s floor to the boxes' ceiling where a floor is set, as on a GPU)."""
     b, n, at_once = spec.budget, spec.budget.num_trials, spec.budget.max_concurrent_trials
-    _, window, warmup = spec.trial_clock()
+    floor, window, warmup = spec.trial_clock()
     rounds = math.ceil(n / at_once)
     if not window:
         return (f"planned: {n} trial(s), {at_once} at a time; their length is not time-boxed (it follows "
                 f"{'the data budget' if b.num_items else 'the target' if spec.objective.target else 'num_steps'}), "
                 "so the ETA follows the trials as they finish")
     boxed = window + warmup
-    return (f"planned: {n} trial(s), {at_once} at a time, each time-boxed to <= {warmup:g} s of warm-up + <= "
-            f"{window:g} s measured (budget.max_warmup_s / max_window_s): {rounds} x {boxed:g} s = "
-            f"{rounds * boxed:.0f} s of training, plus each trial's start-up and validation (measured by the first "
-            "trial: the ETA uses what each finished trial cost)")
+    if floor:  # budget.min_window_s (10 s on a GPU): windows end between the floor and the box
+        each = (f"<= {warmup:g} s of warm-up + {floor:g}-{window:g} s measured (budget.max_warmup_s / min_window_s / "
+                f"max_window_s): {rounds} x {floor:g}-{boxed:g} s = {rounds * floor:.0f}-{rounds * boxed:.0f} s")
+    else:
+        each = (f"<= {warmup:g} s of warm-up + <= {window:g} s measured (budget.max_warmup_s / max_window_s): "
+                f"{rounds} x {boxed:g} s = {rounds * boxed:.0f} s")
+    return (f"planned: {n} trial(s), {at_once} at a time, each time-boxed to {each} of training, plus each trial's "
+            "start-up and validation (measured by the first trial: the ETA uses what each finished trial cost)")
 
 
 @dataclass(frozen=True)

@@ -134,6 +134,11 @@ def test_the_planned_cost_is_trials_times_the_boxed_trial_by_concurrency() -> No
     assert "3 x 8 s = 24 s" in planned_cost(two)  # 5 trials 2 at a time: 3 rounds of the CPU boxes
     data = parse_spec("name: p\ntrainable: {name: mlp-tabular}\nbudget: {num_trials: 2, num_samples: 4096}\n")
     assert "not time-boxed (it follows the data budget)" in planned_cost(data)
+    # on a GPU a window lasts at least min_window_s (10 s) and at most max_window_s (30 s): the H200's GPT-2 sweep
+    # trained 135 s of the "320 s" its plan then said
+    gpu = parse_spec("name: p\ntrainable: {name: mlp-tabular}\nbudget: {num_trials: 8, num_steps: 30}\n"
+                     "scaling: {use_gpu: true}\n")
+    assert "<= 10 s of warm-up + 10-30 s measured" in planned_cost(gpu) and "8 x 10-40 s = 80-320 s" in planned_cost(gpu)
 
 
 def test_the_eta_counts_what_the_ended_trials_cost_not_the_sweeps_start_up() -> None:
