@@ -72,9 +72,11 @@ def planned_cost(spec: SweepSpec) -> str:
                 f"{'the data budget' if b.num_items else 'the target' if spec.objective.target else 'num_steps'}), "
                 "so the ETA follows the trials as they finish")
     boxed = window + warmup
-    if floor:  # budget.min_window_s (10 s on a GPU): windows end between the floor and the box
-        each = (f"<= {warmup:g} s of warm-up + {floor:g}-{window:g} s measured (budget.max_warmup_s / min_window_s / "
-                f"max_window_s): {rounds} x {floor:g}-{boxed:g} s = {rounds * floor:.0f}-{rounds * boxed:.0f} s")
+    if floor:  # budget.min_window_s (10 s on a GPU): a trial run to its end measures between the floor and the box
+        span = f"{floor:g}-{window:g}" if floor < window else f"{window:g}"
+        total = f"{floor:g}-{boxed:g} s = {rounds * floor:g}-{rounds * boxed:g}" if floor < boxed else f"{boxed:g} s = {rounds * boxed:g}"
+        each = (f"<= {warmup:g} s of warm-up + {span} s measured (budget.max_warmup_s / min_window_s / "
+                f"max_window_s): {rounds} x {total} s")
     else:
         each = (f"<= {warmup:g} s of warm-up + <= {window:g} s measured (budget.max_warmup_s / max_window_s): "
                 f"{rounds} x {boxed:g} s = {rounds * boxed:.0f} s")
@@ -87,16 +89,17 @@ class TrialCost:
     """What one ended trial cost: `cost_s`, its own wall time, start to end (not the cluster's or a warm
     group's start-up); of that, what the time boxes may bound: its measured window (`time/window_s`) and
     warm-up's timed steps (`time/warmup_steps_s`; its build, compilation and step 0 are no box's), and
-    what no later trial pays again: the data files it made for the node (`time/data_prep_s`). `fresh`: it
-    ran in a new process (its warm group's first trial, or any cold trial), so it also paid the process's
-    first use of the device and libraries."""
+    what no later trial pays again: the data files it made for the node (`time/data_prep_s`). `fresh`: True
+    when it was its warm group's first trial, so it also paid the process's first use of the device and
+    libraries; False when an earlier trial had warmed its group; None when unknown (a cold trial, whose every
+    process is new; a trial that ended without a final report, which carries the fact)."""
 
     precision: str
     cost_s: float
     window_s: float = 0.0
     warmup_steps_s: float = 0.0
     data_prep_s: float = 0.0
-    fresh: bool = True
+    fresh: bool | None = None
 
     def again_s(self, data_shared: bool) -> float:
         """What a trial like it would cost next: less the data it made, where the trials to come read the
@@ -108,8 +111,9 @@ class TrialCost:
         """From a trial's final metrics (0 for a figure it did not report)."""
         def seconds(key: str) -> float:
             return float(v) if isinstance(v := metrics.get(key), (int, float)) else 0.0
+        place = metrics.get(TRIAL_IN_GROUP)
         return cls(precision, cost_s, seconds(WINDOW_S), seconds(WARMUP_STEPS_S), seconds(DATA_PREP_S),
-                   fresh=str(metrics.get(TRIAL_IN_GROUP, "1")) == "1")
+                   fresh=None if place is None else str(place) == "1")
 
     def boxed_s(self, warmup_boxed: bool) -> float:
         """The seconds the boxes bound: the window, and warm-up's timed steps where `max_warmup_s` is on
@@ -155,7 +159,9 @@ def _warmed(ended: list[TrialCost]) -> list[TrialCost]:
     """The trials that ran in a process an earlier trial had warmed, where any did: a warm group's first
     trial also paid the process's first use of the device (on an H200, GPT-2 small's first trial spent
     27.5 s before its window, the ones after it 1.8-3.8 s), which the trials after it on that group do not."""
-    return [c for c in ended if not c.fresh] or ended
+    if not any(c.fresh is False for c in ended):
+        return ended
+    return [c for c in ended if c.fresh is not True]
 
 
 def price_s(spec: SweepSpec, precision: str | None, costs: Costs) -> float:

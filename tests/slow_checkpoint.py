@@ -21,7 +21,7 @@ from trainables.contract import TrialConfig
 from trainables.loop import train
 from trainables.reporting import ListReporter
 
-SLOW_S = 0.3
+SLOW_S = 0.5
 
 
 class SlowCheckpointReporter(ListReporter):

@@ -139,6 +139,9 @@ def test_the_planned_cost_is_trials_times_the_boxed_trial_by_concurrency() -> No
     gpu = parse_spec("name: p\ntrainable: {name: mlp-tabular}\nbudget: {num_trials: 8, num_steps: 30}\n"
                      "scaling: {use_gpu: true}\n")
     assert "<= 10 s of warm-up + 10-30 s measured" in planned_cost(gpu) and "8 x 10-40 s = 80-320 s" in planned_cost(gpu)
+    same = parse_spec("name: p\ntrainable: {name: mlp-tabular}\nbudget: {num_trials: 2, num_steps: 30, min_window_s: 5, "
+                      "max_window_s: 5}\n")  # floor = ceiling: one figure
+    assert "<= 3 s of warm-up + 5 s measured" in planned_cost(same) and "2 x 5-8 s = 10-16 s" in planned_cost(same)
 
 
 def test_the_eta_counts_what_the_ended_trials_cost_not_the_sweeps_start_up() -> None:
@@ -204,13 +207,17 @@ def test_once_a_warmed_process_ran_a_trial_a_groups_first_trial_no_longer_sets_t
                       "budget: {num_trials: 4, num_steps: 2}\n")
     first = TrialCost.of("32", 40.0, {"pool/trial_in_group": "1"})
     second = TrialCost.of("32", 15.0, {"pool/trial_in_group": "2"})
-    assert first.fresh and not second.fresh and TrialCost.of("32", 9.0, {}).fresh  # a cold trial: a new process
+    assert first.fresh is True and second.fresh is False
+    assert TrialCost.of("32", 9.0, {}).fresh is None  # unknown: a cold trial, or one that ended without a final report
     one = [TrialRow("t1", 1, {"precision": "32"}, status="ok")]
     assert remaining_s(grid, one, Costs([first])) == 3 * 40.0  # all it knows yet: the first trial's cost
     two = one + [TrialRow("t2", 2, {"precision": "32"}, status="ok")]
     assert remaining_s(grid, two, Costs([first, second])) == 2 * 15.0  # two tf32 to come, at the warmed trial's cost
     # cold trials (every one fresh): the mean of all, as before
     assert remaining_s(grid, two, Costs([TrialCost("32", 40.0), TrialCost("32", 15.0)])) == 2 * 27.5
+    # a pruned or failed trial (no final report, so no fact) still counts once a warmed one ended
+    pruned = TrialCost.of("32", 3.0, {})
+    assert remaining_s(grid, two, Costs([first, second, pruned])) == 2 * 9.0
 
 
 def test_what_the_time_boxes_bound_leaves_out_the_build_and_step_0() -> None:
