@@ -193,6 +193,7 @@ def test_time_spent_handing_reports_on_is_not_counted_as_training(data_dir: Path
     assert rep.slept >= 0.5  # ~20 reports, each 50 ms
     # the window is the steps' time: a window that counted the reports would last longer than they did
     assert final[contract.WINDOW_S] < rep.slept / 2, (final[contract.WINDOW_S], rep.slept)
+    assert rep.slept <= final[contract.REPORT_WAIT_S] < rep.slept + 0.5  # ...and what it left out is said
 
 
 def test_time_boxes_end_warm_up_and_window_on_the_clock_not_the_step_count(data_dir: Path) -> None:

@@ -32,6 +32,7 @@ STEPS = "progress/steps"
 LOOP_S = "time/loop_total_s"  # the loop's own wall time: build, data, warm-up, measured steps, validation
 WARMUP_S = "time/warmup_s"  # the loop's wall time before the measured window: build, loader start, compile, warm-up steps
 WARMUP_STEPS_S = "time/warmup_steps_s"  # warm-up's timed steps (from step 1; max over ranks): what max_warmup_s bounds
+REPORT_WAIT_S = "time/report_wait_s"  # the window's report and checkpoint hand-offs (max over ranks): left out of time/window_s, counted by max_window_s
 BUILD_S = "time/build_s"  # the trial's build (max over ranks): workload and its data, model to device, FLOP count, DDP, optimizer
 DATA_PREP_S = "time/data_prep_s"  # of the build, data files made once per node (`ensure_cached`; 0 when found made)
 WINDOW_S = "time/window_s"  # the measured window's length (max over ranks; periodic evaluations and the handing on of reports left out)
@@ -104,7 +105,7 @@ KNOWN_METRICS: tuple[str, ...] = tuple(
     + [LOSS_TRAIN, LOSS_VAL, STEP_TIME_MS, DATA_WAIT_PCT, ALLREDUCE_WAIT_PCT, SCALING_EFFICIENCY_PCT, TFLOPS, MFU_PCT,
        GPU_UTIL_MEAN_PCT, GPU_MEM_PEAK_GIB,
        GPU_POWER_MEAN_W, H2D_COPY_PCT, H2D_GB_PER_S, CPU_WORKER_PCT, CPU_LOADERS_PCT, CPU_CORES_USED, MEM_HEADROOM_GIB, LOOP_S,
-       WARMUP_S, WARMUP_STEPS_S, BUILD_S, DATA_PREP_S, WINDOW_S,
+       WARMUP_S, WARMUP_STEPS_S, BUILD_S, DATA_PREP_S, WINDOW_S, REPORT_WAIT_S,
        GRAD_NOISE_SCALE, TIME_TO_TARGET_S, STEPS_TO_TARGET, TARGET_BEST, EVAL_TOTAL_S, EVALS,
        PREDICT_TIME_TO_TARGET_S, PREDICT_ERROR_PCT, QUALITY_GAP_PCT]
     + [seen_key(u) for u in THROUGHPUT_UNITS]
@@ -118,7 +119,7 @@ def is_final_only(key: str) -> bool:
     """A metric only the final report carries (it needs validation or the whole window); with
     `report_evals`, loss/val and eval/* are also in the report after each measured evaluation."""
     return key in (LOSS_VAL, TFLOPS, MFU_PCT, LOOP_S, WARMUP_S, WARMUP_STEPS_S, BUILD_S, DATA_PREP_S,
-                   WINDOW_S, TIME_TO_TARGET_S, STEPS_TO_TARGET,
+                   WINDOW_S, REPORT_WAIT_S, TIME_TO_TARGET_S, STEPS_TO_TARGET,
                    TARGET_BEST, EVAL_TOTAL_S, EVALS, *SWEEP_LEVEL_METRICS,
                    *[throughput_cv_key(u) for u in THROUGHPUT_UNITS]) or key.startswith(EVAL_PREFIX)
 

@@ -540,10 +540,13 @@ def _finish(final: dict[str, Any], t: _Trial, length: TrialLength, win: Measured
     final[contract.FINAL] = 1
     if length.done_before:
         final[contract.RESTORED_FROM] = length.done_before
-    final[contract.LOOP_S], final[contract.BUILD_S], prep_s, cached = all_reduce(
-        [time.perf_counter() - loop_t0, t.build_s, t.data_prep_s, float(t.data_cached)], device, op="max")
+    final[contract.LOOP_S], final[contract.BUILD_S], prep_s, cached, waited = all_reduce(
+        [time.perf_counter() - loop_t0, t.build_s, t.data_prep_s, float(t.data_cached), win.timer.report_wait_s],
+        device, op="max")
     if cached:  # measured only where the workload's data goes through ensure_cached: else absent, never 0
         final[contract.DATA_PREP_S] = prep_s
+    if contract.WINDOW_S in final:  # the window's hand-offs; no window (a target met in warm-up): absent
+        final[contract.REPORT_WAIT_S] = waited
     if win.warm_end:  # before the measured window: build, loader start-up, compile, warm-up steps
         (final[contract.WARMUP_S],) = all_reduce([win.warm_end - loop_t0], device, op="max")
     if win.warm_steps_s is not None:  # agreed when the window began
