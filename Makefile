@@ -36,7 +36,7 @@ browser:
 	  echo "WARNING: could not install chromium; the MLflow UI browser test will skip"; }
 
 test: install-dev browser
-	$(PY) -m pytest -q -rs --durations=30
+	$(PY) -m pytest -q -rs --durations=30 -n 2 --dist loadgroup
 
 lint: install-dev
 	$(VENV)/bin/ruff check sweeps trainables tests benchmarks

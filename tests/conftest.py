@@ -8,8 +8,12 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -47,6 +51,30 @@ _RAY_MARKS = ("raylet", "gcs_server", "ray::", "default_worker.py", "dashboard/a
               "runtime_env/agent", "ray/autoscaler", "dashboard.py")
 
 
+# `make test` runs two pytest processes at once (pytest-xdist, see pytest_collection_modifyitems): each
+# checks only the Ray processes it started. They inherit this tag through their environment.
+_TAG = "SWEEPS_TEST_SESSION"
+os.environ[_TAG] = str(os.getpid())
+
+
+def _ours(p: psutil.Process) -> bool:
+    """Started by this pytest process: it or the nearest ancestor whose environment can be read carries
+    our tag. Ray's agents rewrite theirs (setproctitle), so their raylet answers for them; a process
+    no tagged ancestor owns (an orphan) counts as every session's."""
+    import psutil
+
+    q: psutil.Process | None = p
+    while q is not None and q.pid > 1:
+        try:
+            tag = q.environ().get(_TAG)
+            if tag is not None:
+                return tag == os.environ[_TAG]
+            q = q.parent()
+        except psutil.Error:
+            return True
+    return True
+
+
 def _ray_processes() -> dict[int, str]:
     import psutil
 
@@ -56,9 +84,36 @@ def _ray_processes() -> dict[int, str]:
             cmd = " ".join(p.info["cmdline"] or [])
         except (psutil.Error, TypeError):
             continue
-        if p.info["status"] != psutil.STATUS_ZOMBIE and any(m in cmd for m in _RAY_MARKS):
+        if p.info["status"] != psutil.STATUS_ZOMBIE and any(m in cmd for m in _RAY_MARKS) and _ours(p):
             found[p.info["pid"]] = cmd[:120]
     return found
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`make test` runs two pytest processes (`-n 2 --dist loadgroup`): a serial run left the 2 cores idle
+    about a third of its time (Ray and torch start-ups, timeouts, polls). The tests on a session Ray cluster
+    run in lanes, one after another on one cluster as in a serial run; every other test (unit tests, and
+    those that start their own clusters, torchrun groups or Ray heads) goes to whichever process is free."""
+    for item in items:
+        if "ray_cluster" in item.fixturenames:
+            lane = "ray_faults" if item.path.name in _OWN_CLUSTER else "ray_cluster"
+            item.add_marker(pytest.mark.xdist_group(lane))
+
+
+# The fault and resume sweeps (they crash a rank, hang a peer, fill a disk, kill the driver) take their own
+# session cluster, in the other process: each lane of tests on a shared cluster then costs about half the
+# suite's wall time, where one lane of all of them was the whole run's longest path.
+_OWN_CLUSTER = frozenset({"test_faults.py", "test_resume.py"})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest-xdist groups by a suffix it writes into each grouped test's id; pytest 9.2 ignores that
+    write (pytest-xdist issue 1386) and the groups would silently split, each process starting its own
+    cluster and shared sweeps: say so before any test runs."""
+    if config.getoption("dist", "no") == "loadgroup" and tuple(map(int, pytest.__version__.split(".")[:2])) >= (9, 2):
+        raise pytest.UsageError(f"pytest {pytest.__version__} drops pytest-xdist's --dist loadgroup groups "
+                                "(pytest-xdist issue 1386): install pytest<9.2, as pyproject.toml's dev extra does")
 
 
 def _home_ray() -> dict[str, float]:

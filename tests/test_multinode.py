@@ -28,6 +28,7 @@ def test_trials_spread_over_nodes_and_survive_a_node_loss_on_warm_groups_and_col
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
     said = proc.stdout + proc.stderr
+    print(said[-8000:])  # pytest shows it when an assertion below fails
     assert proc.returncode == 0, said[-4000:]
     r = json.loads((tmp_path / "result.json").read_text())
     for phase in ("loss-warm", "loss-cold"):  # scaling.reuse_workers true, then false
