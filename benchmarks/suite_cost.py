@@ -5,7 +5,7 @@
 LOG is what `make test` (or `CI=true bash .ci/run` on a clean clone) printed: its last line holds the
 count and total (`468 passed, 1 warning in 1151.00s`), and `--durations=30` lists the slowest test
 phases. Appends one results.jsonl entry (the machine is this one: run it where the log was made)
-and prints the slowest tests grouped by file. The suite is not run here: a full run takes ~20 min
+and prints the slowest tests grouped by file. The suite is not run here: a full run takes ~8-10 min
 on 2 vCPU, and the log of the clean-clone run is the figure that counts.
 """
 
