@@ -8,12 +8,10 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
-if TYPE_CHECKING:
-    import psutil
+from tests.reap import TAG, started_here
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -52,27 +50,8 @@ _RAY_MARKS = ("raylet", "gcs_server", "ray::", "default_worker.py", "dashboard/a
 
 
 # `make test` runs two pytest processes at once (pytest-xdist, see pytest_collection_modifyitems): each
-# checks only the Ray processes it started. They inherit this tag through their environment.
-_TAG = "SWEEPS_TEST_SESSION"
-os.environ[_TAG] = str(os.getpid())
-
-
-def _ours(p: psutil.Process) -> bool:
-    """Started by this pytest process: it or the nearest ancestor whose environment can be read carries
-    our tag. Ray's agents rewrite theirs (setproctitle), so their raylet answers for them; a process
-    no tagged ancestor owns (an orphan) counts as every session's."""
-    import psutil
-
-    q: psutil.Process | None = p
-    while q is not None and q.pid > 1:
-        try:
-            tag = q.environ().get(_TAG)
-            if tag is not None:
-                return tag == os.environ[_TAG]
-            q = q.parent()
-        except psutil.Error:
-            return True
-    return True
+# checks only the Ray processes it started, which inherit this tag through their environment.
+os.environ[TAG] = str(os.getpid())
 
 
 def _ray_processes() -> dict[int, str]:
@@ -84,7 +63,7 @@ def _ray_processes() -> dict[int, str]:
             cmd = " ".join(p.info["cmdline"] or [])
         except (psutil.Error, TypeError):
             continue
-        if p.info["status"] != psutil.STATUS_ZOMBIE and any(m in cmd for m in _RAY_MARKS) and _ours(p):
+        if p.info["status"] != psutil.STATUS_ZOMBIE and any(m in cmd for m in _RAY_MARKS) and started_here(p):
             found[p.info["pid"]] = cmd[:120]
     return found
 
@@ -102,8 +81,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # The fault and resume sweeps (they crash a rank, hang a peer, fill a disk, kill the driver) take their own
-# session cluster, in the other process: each lane of tests on a shared cluster then costs about half the
-# suite's wall time, where one lane of all of them was the whole run's longest path.
+# session cluster, in the other process. One lane of all of them was the run's longest path (472 s of a
+# 482 s run, the other process idle at the end); two took 314 s and 233 s of a 473 s run (docs/benchmarks.md).
 _OWN_CLUSTER = frozenset({"test_faults.py", "test_resume.py"})
 
 

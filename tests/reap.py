@@ -9,12 +9,40 @@ outlive the wait, saying so (never a pattern match over the machine's processes)
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import warnings
 from collections.abc import Iterable
 
 import psutil
+
+# Each pytest process (`make test` runs two) tags what it starts: the Ray processes, torchrun groups and
+# doctor checks inherit this variable, set to that pytest process's pid (tests/conftest.py).
+TAG = "SWEEPS_TEST_SESSION"
+
+
+def started_here(p: psutil.Process) -> bool:
+    """Started by this process or below it: the nearest of `p` and its ancestors whose environment can
+    be read carries this process's tag. An environment that setproctitle rewrote (Ray's agents: psutil
+    reads it empty) defers to the parent; one without the tag was started by someone else. A process
+    that cannot be read, or an orphan no tagged ancestor owns, counts as ours: a check then errs on the
+    side of a leak reported."""
+    mine = os.environ.get(TAG)
+    q: psutil.Process | None = p
+    while q is not None and q.pid > 1:
+        if q.pid == os.getpid():  # our own /proc environ is the one we started with, not os.environ
+            return True
+        try:
+            env = q.environ()
+            if TAG in env:
+                return env[TAG] == mine
+            if env:
+                return False
+            q = q.parent()
+        except psutil.Error:
+            return True
+    return True
 
 
 def tree(roots: Iterable[int]) -> list[psutil.Process]:

@@ -20,6 +20,7 @@ import torch
 from sweeps import doctor
 from sweeps.sol import latest_figures, quick_figures, score
 from tests.fake_nvml import FakeGpu, FakeNvml
+from tests.reap import started_here
 from trainables import doctor_checks as dc
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,7 +36,7 @@ def _doctor_children() -> list[psutil.Process]:
         except psutil.Error:
             return ""
 
-    return [p for p in psutil.process_iter() if "trainables.doctor_checks" in cmd(p)]
+    return [p for p in psutil.process_iter() if "trainables.doctor_checks" in cmd(p) and started_here(p)]
 
 
 def test_quick_doctor_on_cpu_measures_every_cpu_figure_and_leaves_no_process(tmp_path: Path) -> None:
