@@ -8,12 +8,15 @@ import os
 from typing import Any
 
 from ray import tune
+from ray._common.constants import HEAD_NODE_RESOURCE_NAME
 
 from sweeps.spec import SpecError, SpecProblem, SweepSpec
 
-# The driver only launches and watches the Train workers: it holds no CPU, so a 2-core
-# machine can run a 2-worker trial. Ray refuses an empty bundle; 1 byte of memory is not.
-DRIVER_RESOURCES = tune.PlacementGroupFactory([{"CPU": 0, "memory": 1}])
+# A trial's driver only launches and watches its Train workers: it holds no CPU, so a 2-core machine
+# can run a 2-worker trial (Ray refuses an empty bundle; 1 byte of memory is not). It lives on the head
+# node: left to Ray, a loaded cluster placed drivers on a worker node, and that node's loss ended their
+# trials outright (the driver is what retries a trial whose workers died).
+DRIVER_RESOURCES = tune.PlacementGroupFactory([{"CPU": 0, "memory": 1, HEAD_NODE_RESOURCE_NAME: 0.001}])
 
 
 def concurrency_note(spec: SweepSpec, resources: dict[str, float]) -> str:

@@ -193,3 +193,32 @@ def test_oom_on_one_rank_while_the_other_waits_in_a_collective(peer_exits: bool)
     for failures in ({0: waiting, 1: got[1]}, {0: got[1], 1: waiting}):  # whichever rank is listed first
         kind, reason = classify(FakeWorkerGroupError(failures))
         assert kind == "oom" and "OutOfMemoryError: CUDA out of memory" in reason, (reason, str(waiting))
+
+
+def test_a_loader_worker_dying_mid_hand_over_reads_as_the_loader_failure_it_is() -> None:
+    """A worker that dies while handing a batch over through shared memory can surface as the hand-over's
+    connection reset (seen on a loaded 2-core machine) instead of torch's "DataLoader worker ... exited"."""
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    from trainables.loop import _handed_over
+
+    class Resets(Dataset):  # type: ignore[type-arg]
+        def __len__(self) -> int:
+            return 4
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            return torch.zeros(2)
+
+    class ResetLoader(DataLoader):  # type: ignore[type-arg]
+        def __iter__(self) -> Any:
+            yield torch.zeros(1, 2)
+            raise ConnectionResetError(104, "Connection reset by peer")
+
+    batches = _handed_over(ResetLoader(Resets(), batch_size=1, num_workers=1))
+    assert next(batches).shape == (1, 2)
+    with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid\(s\) .*\) died handing over a batch") as info:
+        next(batches)
+    assert classify(info.value)[0] == "dataloader"
+    with pytest.raises(ConnectionResetError):  # in-process loading has no hand-over: not a loader's death
+        list(_handed_over(ResetLoader(Resets(), batch_size=1, num_workers=0)))

@@ -121,7 +121,7 @@ def _batches(loader: DataLoader[Any], sampler: DistributedSampler[Any] | None,
     """Epoch after epoch of a map-style dataset; an IterableDataset's stream once, which must last."""
     if isinstance(loader.dataset, IterableDataset):
         n = 0
-        for batch in loader:
+        for batch in _handed_over(loader):
             n += 1
             yield batch
         raise WorkloadError(
@@ -132,8 +132,29 @@ def _batches(loader: DataLoader[Any], sampler: DistributedSampler[Any] | None,
     while True:
         if sampler is not None:
             sampler.set_epoch(epoch)
-        yield from loader
+        yield from _handed_over(loader)
         epoch += 1
+
+
+def _handed_over(loader: DataLoader[Any]) -> Iterator[Any]:
+    """The loader's batches. A worker that dies while it hands a batch over through shared memory can
+    surface as the hand-over's connection reset rather than as torch's "DataLoader worker (pid(s) ...)
+    exited unexpectedly" (seen on a loaded 2-core machine): said the same way, so it reads, and is
+    classified, as the loader failure it is."""
+    it = iter(loader)
+    while True:
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        except (ConnectionError, EOFError) as exc:
+            if not loader.num_workers:
+                raise
+            workers = list(getattr(it, "_workers", ()))
+            pids = [w.pid for w in workers if not w.is_alive()] or [w.pid for w in workers]
+            raise RuntimeError(f"DataLoader worker (pid(s) {', '.join(map(str, pids))}) died handing over a batch "
+                               f"({type(exc).__name__}: {exc})") from exc
+        yield batch
 
 
 def _close_loader(loader: DataLoader[Any], batches: Iterator[Any]) -> None:
