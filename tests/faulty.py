@@ -212,3 +212,33 @@ def oom_on_rank1_above(params: dict[str, Any], ctx: BuildContext) -> Workload:
     workload = build("mlp-tabular", {"num_train_rows": 4096, "num_val_rows": 256}, ctx)
     workload.model = _OomOnRank1Above(workload.model, ctx.rank, int(params["limit"]))
     return workload
+
+
+class _Gate(nn.Module):
+    """Every rank's `at`-th forward leaves a file `arrived-<pid>-<id>` in `folder` and waits there until
+    `folder/open` exists: a test holds its trials mid-training (each on its CPUs, neither finished)
+    until it has done what it must do while they train."""
+
+    def __init__(self, inner: nn.Module, at: int, folder: str) -> None:
+        super().__init__()
+        self.inner, self.at, self.folder, self.calls = inner, at, folder, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == self.at:
+            open(os.path.join(self.folder, f"arrived-{os.getpid()}-{id(self)}"), "w").close()
+            while not os.path.exists(os.path.join(self.folder, "open")):
+                time.sleep(0.05)
+        return self.inner(x)  # type: ignore[no-any-return]
+
+
+def gated(params: dict[str, Any], ctx: BuildContext) -> Workload:
+    """mlp-tabular (`params["rows"]` train rows, `params["hidden"]`) whose every rank waits at its
+    `params["at"]`-th forward until the file `params["gate"]/open` exists."""
+    workload = build("mlp-tabular", {"num_train_rows": int(params["rows"]), "hidden": int(params["hidden"])}, ctx)
+    # Rank 0 counts the training FLOPs of a workload that does not declare them with one forward of
+    # its own before training (trainables.loop._count_flops): the same step is one call later there.
+    # (Ranks gated at different steps would leave one waiting in the other's all-reduce.)
+    counts = ctx.rank == 0 and workload.flops_per_item is None
+    workload.model = _Gate(workload.model, int(params["at"]) + counts, str(params["gate"]))
+    return workload

@@ -9,11 +9,12 @@ be free at the end. A new node replaces the lost one between the two.
 Writes result.json into argv[1]: one entry per phase.
 
 Ray Train runs lean, as `sweeps run` runs it on a local cluster (`LEAN_TRAIN_ENV`): its controller polls
-its workers every 0.5 s, so a lost node is noticed within 0.5 s and a trial's last report is taken at
-once (Ray's default, 2 s, took one report per poll: reports every second queued behind it, and a cold
-trial held its node ~6 s past its last step). So a trial lasts about as long as its warm-up and
-measured window, and the window is what keeps the first trial training until the second one has
-started: see `PHASES`.
+its workers every 0.5 s, so a lost node is noticed within 0.5 s.
+
+"Both trials train when the node goes" is made a fact, not a race: every rank waits at a gate
+(`tests.faulty:gated`) until the node is gone. (Timed windows kept the first trial training until the
+second had reported, on an idle machine; beside another test process the first could end before the
+node went, and then nothing was left to retry.)
 """
 
 from __future__ import annotations
@@ -40,14 +41,16 @@ from tests.reap import reap, tree
 out = Path(sys.argv[1])
 SPEC = """
 name: {name}
-trainable: {{name: mlp-tabular, params: {{num_train_rows: 4096, hidden: 256}}}}
+trainable: {{name: "tests.faulty:gated", params: {{rows: 4096, hidden: 256, at: {at}, gate: '{gate}'}}}}
 space: {{lr: {{type: float, low: 1.0e-3, high: 1.0e-2, log: true}}}}
 budget: {{num_trials: 2, max_concurrent_trials: 2, num_steps: {steps}, num_warmup_steps: 3, max_retries: 1,
-          report_interval_s: 1, max_window_s: {window}}}
+          report_interval_s: 1}}
 scaling: {{num_workers: 2, cpus_per_worker: 1, reuse_workers: {reuse}}}
 tracking: {{uri: 'sqlite:///{db}'}}
 storage_path: {storage}
 """
+STEPS, AT = 600, 100  # every rank waits at its 100th forward (in its measured window) until the node is gone
+RANKS = 4  # 2 trials x 2 workers: all of them at the gate means both trials are training
 DB = out / "mlflow.db"
 HEAD_TMP = tempfile.mkdtemp(prefix="rm", dir="/tmp")  # short, for sockets; removed at the end
 cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False, "temp_dir": HEAD_TMP})
@@ -56,8 +59,8 @@ ray.init(address=cluster.address, runtime_env={"env_vars": dict(LEAN_TRAIN_ENV)}
 client = MlflowClient(f"sqlite:///{DB}")
 
 
-def sweep(name: str, steps: int, window: float, reuse: str) -> tuple:
-    text = SPEC.format(name=name, steps=steps, window=window, db=DB, storage=out / "results", reuse=reuse)
+def sweep(name: str, gate: Path, reuse: str) -> tuple:
+    text = SPEC.format(name=name, steps=STEPS, at=AT, gate=gate, db=DB, storage=out / "results", reuse=reuse)
     lines: list[str] = []
     outcome = run_sweep(parse_spec(text), text, echo=lambda line: (lines.append(line), print(line, flush=True)))
     return outcome, lines
@@ -70,25 +73,29 @@ def node_ids(outcome: object) -> list[str]:
 known_nodes: set[str] = set()  # every node that was ever part of the cluster
 
 
-def remove_a_node_once_both_train(experiment: str, removed: threading.Event, busy: dict) -> None:
-    """Wait until both trials of the sweep have reported training metrics, note the CPUs in use on
-    each worker node, then drop a node."""
-    while True:
-        exp = client.get_experiment_by_name(experiment) if DB.exists() else None
-        runs = client.search_runs([exp.experiment_id], "metrics.`progress/steps` > 0") if exp else []
-        if len(runs) >= 2:
-            break
-        time.sleep(0.2)
-    free = available_resources_per_node()
-    busy.update({n: total.get("CPU", 0) - free.get(n, {}).get("CPU", 0)
-                 for n, total in total_resources_per_node().items() if total.get("CPU", 0) > 0})
-    # its processes, listed while they run: their raylet goes with the node, so they leave the tree
-    doomed = tree(info.process.pid for infos in nodes[1].all_processes.values() for info in infos
-                  if info.process is not None and info.process.poll() is None)
-    cluster.remove_node(nodes[1])
-    reap(doomed, 30, f"{experiment}: the removed node")
-    print(f"{experiment}: removed a node while both trials were training", flush=True)
-    removed.set()
+def remove_a_node_once_both_train(experiment: str, gate: Path, removed: threading.Event, busy: dict) -> None:
+    """Wait until every rank of both trials is at the gate, note the CPUs in use on each worker node,
+    drop a node, then open the gate (always: a sweep that cannot get there must not wait forever)."""
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(gate.glob("arrived-*"))) < RANKS:
+            if time.monotonic() > deadline:
+                print(f"{experiment}: only {len(list(gate.glob('arrived-*')))} of {RANKS} ranks reached the gate "
+                      "in 120 s; no node removed", flush=True)
+                return
+            time.sleep(0.2)
+        free = available_resources_per_node()
+        busy.update({n: total.get("CPU", 0) - free.get(n, {}).get("CPU", 0)
+                     for n, total in total_resources_per_node().items() if total.get("CPU", 0) > 0})
+        # its processes, listed while they run: their raylet goes with the node, so they leave the tree
+        doomed = tree(info.process.pid for infos in nodes[1].all_processes.values() for info in infos
+                      if info.process is not None and info.process.poll() is None)
+        cluster.remove_node(nodes[1])
+        reap(doomed, 30, f"{experiment}: the removed node")
+        print(f"{experiment}: removed a node while both trials were training", flush=True)
+        removed.set()
+    finally:
+        (gate / "open").touch()
 
 
 def settled() -> dict[str, float]:
@@ -98,21 +105,14 @@ def settled() -> dict[str, float]:
     return {"free_cpu": ray.available_resources().get("CPU", 0), "total_cpu": ray.cluster_resources().get("CPU", 0)}
 
 
-# (reuse_workers, name, num_steps, max_window_s): long enough that both trials train when the node goes.
-# Both trials need their first report in MLflow (~4 s after their group starts: build, warm-up, a
-# report) while the other still trains. Warm groups start together when the sweep does (< 1.5 s apart):
-# the CPU default (a 5 s window) is enough. Cold trials' groups start 1.5-4 s apart (each trial starts
-# its own Train controller, on a busy machine), so a cold trial's window is up to 10 s: while both
-# trials share the 2 cores a step takes 4.7-7 ms, so 2000 steps last 9.4 s or more (measured: the first
-# trial's last step came 5.5-7 s after the node went; with a 5 s window, 0.4-1 s); the retry, alone on
-# the surviving node (~2.6 ms a step), ends after its 2000 steps in ~5 s.
-PHASES = (("true", "loss-warm", 1500, 5), ("false", "loss-cold", 2000, 10))
+PHASES = (("true", "loss-warm"), ("false", "loss-cold"))  # scaling.reuse_workers, experiment
 result: dict[str, dict] = {}
-for reuse, name, steps, window in PHASES:
-    removed, busy = threading.Event(), {}
+for reuse, name in PHASES:
+    removed, busy, gate = threading.Event(), {}, out / f"gate-{name}"
+    gate.mkdir()
     known_nodes.update(n["NodeID"] for n in ray.nodes())
-    threading.Thread(target=remove_a_node_once_both_train, args=(name, removed, busy), daemon=True).start()
-    outcome, _ = sweep(name, steps, window, reuse)
+    threading.Thread(target=remove_a_node_once_both_train, args=(name, gate, removed, busy), daemon=True).start()
+    outcome, _ = sweep(name, gate, reuse)
     exp = client.get_experiment_by_name(name)
     result[name] = {
         "statuses": sorted(t.status for t in outcome.trials),
