@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import time
@@ -215,27 +216,32 @@ def oom_on_rank1_above(params: dict[str, Any], ctx: BuildContext) -> Workload:
 
 
 class _Gate(nn.Module):
-    """Every rank's `at`-th forward leaves a file `arrived-<pid>-<id>` in `folder` and waits there until
-    `folder/open` exists: a test holds its trials mid-training (each on its CPUs, neither finished)
-    until it has done what it must do while they train."""
+    """Every rank's `at`-th forward leaves a file `arrived-<pid>-<n>` in `folder` (n: the process's n-th
+    gate, as a warm group builds one per trial) and waits there until `folder/open` or its own
+    `folder/open-<pid>-<n>` exists: a test holds its trials mid-training (each on its CPUs, none
+    finished) until it has done what it must do while they train."""
+
+    made = itertools.count()
 
     def __init__(self, inner: nn.Module, at: int, folder: str) -> None:
         super().__init__()
         self.inner, self.at, self.folder, self.calls = inner, at, folder, 0
+        self.me = f"{os.getpid()}-{next(_Gate.made)}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
         if self.calls == self.at:
-            open(os.path.join(self.folder, f"arrived-{os.getpid()}-{id(self)}"), "w").close()
-            while not os.path.exists(os.path.join(self.folder, "open")):
+            me = self.me
+            open(os.path.join(self.folder, f"arrived-{me}"), "w").close()
+            while not any(os.path.exists(os.path.join(self.folder, f)) for f in ("open", f"open-{me}")):
                 time.sleep(0.05)
         return self.inner(x)  # type: ignore[no-any-return]
 
 
 def gated(params: dict[str, Any], ctx: BuildContext) -> Workload:
-    """mlp-tabular (`params["rows"]` train rows, `params["hidden"]`) whose every rank waits at its
-    `params["at"]`-th forward until the file `params["gate"]/open` exists."""
-    workload = build("mlp-tabular", {"num_train_rows": int(params["rows"]), "hidden": int(params["hidden"])}, ctx)
+    """mlp-tabular (its params, but for these two) whose every rank waits at its `params["at"]`-th
+    forward until the file `params["gate"]/open` (or its own: see `_Gate`) exists."""
+    workload = build("mlp-tabular", {k: v for k, v in params.items() if k not in ("at", "gate")}, ctx)
     # Rank 0 counts the training FLOPs of a workload that does not declare them with one forward of
     # its own before training (trainables.loop._count_flops): the same step is one call later there.
     # (Ranks gated at different steps would leave one waiting in the other's all-reduce.)

@@ -41,7 +41,7 @@ from tests.reap import reap, tree
 out = Path(sys.argv[1])
 SPEC = """
 name: {name}
-trainable: {{name: "tests.faulty:gated", params: {{rows: 4096, hidden: 256, at: {at}, gate: '{gate}'}}}}
+trainable: {{name: "tests.faulty:gated", params: {{num_train_rows: 4096, hidden: 256, at: {at}, gate: '{gate}'}}}}
 space: {{lr: {{type: float, low: 1.0e-3, high: 1.0e-2, log: true}}}}
 budget: {{num_trials: 2, max_concurrent_trials: 2, num_steps: {steps}, num_warmup_steps: 3, max_retries: 1,
           report_interval_s: 1}}

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 SPEC = """\
 name: resumable
-trainable: {{name: mlp-tabular, params: {{num_train_rows: 2048}}}}
+trainable: {{name: "tests.faulty:gated", params: {{num_train_rows: 2048, at: 20, gate: '{gate}'}}}}
 space: {{lr: {{type: float, low: 1.0e-3, high: 1.0e-2, log: true}}}}
 budget: {{num_trials: 2, num_steps: {steps}, num_warmup_steps: 2, report_interval_s: 0.5, max_window_s: 3}}
 scaling: {{reuse_workers: {reuse}}}
@@ -46,34 +46,43 @@ def test_killed_driver_resumes_without_losing_or_duplicating(ray_cluster: None, 
 
     new_store(tmp_path / "mlflow.db")
 
-    # More steps than a trial takes: each window ends at its 3 s time box (budget.max_window_s), so trial 2
-    # still trains when the driver is killed, ~1-2 s into its window (first report, or 2.5 s after its start)
-    text = SPEC.format(steps=100_000, db=tmp_path / "mlflow.db", storage=tmp_path / "r", reuse=reuse)
+    # Every rank waits at its 20th forward until the test lets it go (tests.faulty:gated): trial 1's
+    # ranks at once, trial 2's never before the kill, so trial 2 is training when the driver is killed
+    # (timed windows made that a race beside another test process). A released trial ends at its 3 s
+    # time box (budget.max_window_s: more steps than it takes).
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    text = SPEC.format(steps=100_000, db=tmp_path / "mlflow.db", storage=tmp_path / "r", reuse=reuse, gate=gate)
     (tmp_path / "spec.yaml").write_text(text)
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    # The driver runs in its own process against this session's cluster, as `ray job submit` would.
+    # The driver runs in its own process against this session's cluster, as `ray job submit` would; in
+    # the repository, where its ranks (which work in the driver's folder) find tests.faulty.
     env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "PYTHONPATH": str(REPO)}
-    driver = subprocess.Popen([sys.executable, "-m", "sweeps", "run", str(tmp_path / "spec.yaml")], cwd=tmp_path,
+    driver = subprocess.Popen([sys.executable, "-m", "sweeps", "run", str(tmp_path / "spec.yaml")], cwd=REPO,
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     state_file = tmp_path / "r" / "resumable" / STATE_FILE
     deadline = time.monotonic() + 240
     before: dict[str, str] = {}
-    while time.monotonic() < deadline and driver.poll() is None:  # wait: trial 1 done, trial 2 training
-        if state_file.exists():
+    first: list[str] = []
+    while time.monotonic() < deadline and driver.poll() is None:  # wait: trial 1 done, trial 2 at the gate
+        held = sorted(f.name.removeprefix("arrived-") for f in gate.glob("arrived-*"))
+        if not first and len(held) >= 2:  # trial 1's two ranks (one trial at a time): let them go
+            first = held
+            for me in first:
+                (gate / f"open-{me}").touch()
+        elif first and len(held) >= 4 and state_file.exists():
             runs = _children(client, SweepState.read(state_file.parent).parent_run_id)
-            done = [r for r in runs if r.data.tags.get("sweep.status") == "ok"]
-            training = [r for r in runs if r.data.tags.get("sweep.status") == "running" and r.data.metrics.get("progress/steps", 0) > 0]
-            if done and training:
+            if len(runs) == 2 and any(r.data.tags.get("sweep.status") == "ok" for r in runs):
                 before = {r.data.tags["sweep.trial_id"]: r.info.run_id for r in runs}
-                started = training[0].info.start_time / 1000  # its MLflow run, made as the trial started
                 break
-        time.sleep(0.5)
+        time.sleep(0.2)
     # Tune saves its state every 2 s: a trial started in the last 2 s would be forgotten ("lost", by
-    # design); a warm trial starts fast enough for that, so give Tune one save first (a cold one had it).
+    # design), so give Tune a save with trial 2 in it (and trial 1 ended) first.
     if before:
-        time.sleep(max(0.0, started + 2.5 - time.time()))
+        time.sleep(2.5)
     driver.send_signal(signal.SIGKILL)
     out = driver.communicate(timeout=30)[0]
+    (gate / "open").touch()  # the resumed trial 2 goes on
     assert before, f"the sweep never reached its second trial:\n{out[-3000:]}"
 
     lines: list[str] = []
@@ -92,7 +101,7 @@ def test_killed_driver_resumes_without_losing_or_duplicating(ray_cluster: None, 
 
 
 def test_another_spec_under_the_same_name_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    text = SPEC.format(steps=10, db=tmp_path / "mlflow.db", storage=tmp_path / "r", reuse="true")
+    text = SPEC.format(steps=10, db=tmp_path / "mlflow.db", storage=tmp_path / "r", reuse="true", gate=tmp_path)
     SweepState(text, "tok", "run-1", "sqlite:///x").write(tmp_path / "r" / "resumable")
     other = text.replace("num_steps: 10", "num_steps: 20")
     with pytest.raises(SweepExists, match="a different sweep named 'resumable' already exists") as info:
@@ -110,7 +119,7 @@ def test_another_spec_under_the_same_name_is_refused(tmp_path: Path, capsys: pyt
 
 
 def test_resume_of_an_unknown_sweep_lists_the_known_ones(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    text = SPEC.format(steps=10, db=tmp_path / "mlflow.db", storage=tmp_path / "r", reuse="true")
+    text = SPEC.format(steps=10, db=tmp_path / "mlflow.db", storage=tmp_path / "r", reuse="true", gate=tmp_path)
     SweepState(text, "tok", "run-1", "sqlite:///x").write(tmp_path / "r" / "resumable")
     assert main(["resume", "nope", "--storage-path", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
@@ -121,7 +130,7 @@ def test_a_sweep_whose_mlflow_run_is_gone_says_so_before_anything_runs(tmp_path:
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
     # A user deleted mlflow.db to start afresh, the sweep's folder is still there: resuming it would
     # fail at the first trial with MLflow's "Run with id=... not found"; say what happened and the fix.
-    text = SPEC.format(steps=10, db=tmp_path / "mlflow.db", storage=tmp_path / "r", reuse="true")
+    text = SPEC.format(steps=10, db=tmp_path / "mlflow.db", storage=tmp_path / "r", reuse="true", gate=tmp_path)
     exp_dir = tmp_path / "r" / "resumable"
     SweepState(text, "tok", "4258cafd91964445b3d1118f0beb6ca8", f"sqlite:///{tmp_path / 'mlflow.db'}").write(exp_dir)
     (exp_dir / "tuner.pkl").write_bytes(b"")  # Ray Tune had saved its state
