@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import itertools
 import os
 import signal
 import time
+import uuid
 from typing import Any
 
 import torch
@@ -216,35 +216,34 @@ def oom_on_rank1_above(params: dict[str, Any], ctx: BuildContext) -> Workload:
 
 
 class _Gate(nn.Module):
-    """Every rank's `at`-th forward leaves a file `arrived-<pid>-<n>` in `folder` (n: the process's n-th
-    gate, as a warm group builds one per trial) and waits there until `folder/open` or its own
-    `folder/open-<pid>-<n>` exists: a test holds its trials mid-training (each on its CPUs, none
-    finished) until it has done what it must do while they train."""
-
-    made = itertools.count()
+    """Every rank's `at`-th training forward (grad enabled: not validation's) leaves a file
+    `arrived-<token>` in `folder` (a token per gate: a warm group builds one per trial) and waits there
+    until `folder/open` or its own `folder/open-<token>` exists: a test holds its trials mid-training
+    (each on its CPUs, none finished) until it has done what it must do while they train."""
 
     def __init__(self, inner: nn.Module, at: int, folder: str) -> None:
         super().__init__()
         self.inner, self.at, self.folder, self.calls = inner, at, folder, 0
-        self.me = f"{os.getpid()}-{next(_Gate.made)}"
+        self.me = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
-        if self.calls == self.at:
-            me = self.me
-            open(os.path.join(self.folder, f"arrived-{me}"), "w").close()
-            while not any(os.path.exists(os.path.join(self.folder, f)) for f in ("open", f"open-{me}")):
+        self.calls += torch.is_grad_enabled()
+        if self.calls == self.at and torch.is_grad_enabled():
+            open(os.path.join(self.folder, f"arrived-{self.me}"), "w").close()
+            while not any(os.path.exists(os.path.join(self.folder, f)) for f in ("open", f"open-{self.me}")):
                 time.sleep(0.05)
         return self.inner(x)  # type: ignore[no-any-return]
 
 
 def gated(params: dict[str, Any], ctx: BuildContext) -> Workload:
-    """mlp-tabular (its params, but for these two) whose every rank waits at its `params["at"]`-th
-    forward until the file `params["gate"]/open` (or its own: see `_Gate`) exists."""
+    """mlp-tabular (its params, but for these two) whose every rank waits at the training step of its
+    `params["at"]`-th training forward until the file `params["gate"]/open` (or its own: see `_Gate`)
+    exists. Keep `at` within the 3 measured steps a time-boxed trial always plans (after warm-up)."""
     workload = build("mlp-tabular", {k: v for k, v in params.items() if k not in ("at", "gate")}, ctx)
     # Rank 0 counts the training FLOPs of a workload that does not declare them with one forward of
-    # its own before training (trainables.loop._count_flops): the same step is one call later there.
-    # (Ranks gated at different steps would leave one waiting in the other's all-reduce.)
+    # its own before training (trainables.loop._count_flops; not in a probe, which these tests do not
+    # run): the same step is one call later there. (Ranks gated at different steps would leave one
+    # waiting in the other's all-reduce.)
     counts = ctx.rank == 0 and workload.flops_per_item is None
     workload.model = _Gate(workload.model, int(params["at"]) + counts, str(params["gate"]))
     return workload

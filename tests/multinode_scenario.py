@@ -49,7 +49,7 @@ scaling: {{num_workers: 2, cpus_per_worker: 1, reuse_workers: {reuse}}}
 tracking: {{uri: 'sqlite:///{db}'}}
 storage_path: {storage}
 """
-STEPS, AT = 600, 100  # every rank waits at its 100th forward (in its measured window) until the node is gone
+STEPS, AT = 600, 5  # every rank waits at its 5th training forward (2nd measured step) until the node is gone
 RANKS = 4  # 2 trials x 2 workers: all of them at the gate means both trials are training
 DB = out / "mlflow.db"
 HEAD_TMP = tempfile.mkdtemp(prefix="rm", dir="/tmp")  # short, for sockets; removed at the end

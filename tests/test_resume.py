@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 SPEC = """\
 name: resumable
-trainable: {{name: "tests.faulty:gated", params: {{num_train_rows: 2048, at: 20, gate: '{gate}'}}}}
+trainable: {{name: "tests.faulty:gated", params: {{num_train_rows: 2048, at: 5, gate: '{gate}'}}}}
 space: {{lr: {{type: float, low: 1.0e-3, high: 1.0e-2, log: true}}}}
 budget: {{num_trials: 2, num_steps: {steps}, num_warmup_steps: 2, report_interval_s: 0.5, max_window_s: 3}}
 scaling: {{reuse_workers: {reuse}}}
@@ -46,10 +46,10 @@ def test_killed_driver_resumes_without_losing_or_duplicating(ray_cluster: None, 
 
     new_store(tmp_path / "mlflow.db")
 
-    # Every rank waits at its 20th forward until the test lets it go (tests.faulty:gated): trial 1's
-    # ranks at once, trial 2's never before the kill, so trial 2 is training when the driver is killed
-    # (timed windows made that a race beside another test process). A released trial ends at its 3 s
-    # time box (budget.max_window_s: more steps than it takes).
+    # Every rank waits at its 5th training forward (3rd measured step) until the test lets it go
+    # (tests.faulty:gated): trial 1's ranks at once, trial 2's not before the kill, so trial 2 is training
+    # when the driver is killed (timed windows made that a race beside another test process). A
+    # released trial ends at its 3 s time box (budget.max_window_s: more steps than it takes).
     gate = tmp_path / "gate"
     gate.mkdir()
     text = SPEC.format(steps=100_000, db=tmp_path / "mlflow.db", storage=tmp_path / "r", reuse=reuse, gate=gate)
@@ -64,25 +64,27 @@ def test_killed_driver_resumes_without_losing_or_duplicating(ray_cluster: None, 
     deadline = time.monotonic() + 240
     before: dict[str, str] = {}
     first: list[str] = []
-    while time.monotonic() < deadline and driver.poll() is None:  # wait: trial 1 done, trial 2 at the gate
-        held = sorted(f.name.removeprefix("arrived-") for f in gate.glob("arrived-*"))
-        if not first and len(held) >= 2:  # trial 1's two ranks (one trial at a time): let them go
-            first = held
-            for me in first:
-                (gate / f"open-{me}").touch()
-        elif first and len(held) >= 4 and state_file.exists():
-            runs = _children(client, SweepState.read(state_file.parent).parent_run_id)
-            if len(runs) == 2 and any(r.data.tags.get("sweep.status") == "ok" for r in runs):
-                before = {r.data.tags["sweep.trial_id"]: r.info.run_id for r in runs}
-                break
-        time.sleep(0.2)
-    # Tune saves its state every 2 s: a trial started in the last 2 s would be forgotten ("lost", by
-    # design), so give Tune a save with trial 2 in it (and trial 1 ended) first.
-    if before:
-        time.sleep(2.5)
-    driver.send_signal(signal.SIGKILL)
-    out = driver.communicate(timeout=30)[0]
-    (gate / "open").touch()  # the resumed trial 2 goes on
+    try:
+        while time.monotonic() < deadline and driver.poll() is None:  # wait: trial 1 done, trial 2 at the gate
+            held = sorted(f.name.removeprefix("arrived-") for f in gate.glob("arrived-*"))
+            if not first and len(held) >= 2:  # trial 1's two ranks (one trial at a time): let them go
+                first = held
+                for me in first:
+                    (gate / f"open-{me}").touch()
+            elif first and len(held) >= 4 and state_file.exists():
+                runs = _children(client, SweepState.read(state_file.parent).parent_run_id)
+                if len(runs) == 2 and any(r.data.tags.get("sweep.status") == "ok" for r in runs):
+                    before = {r.data.tags["sweep.trial_id"]: r.info.run_id for r in runs}
+                    break
+            time.sleep(0.2)
+        # Tune saves its state every 2 s: a trial started in the last 2 s would be forgotten ("lost", by
+        # design), so give Tune a save with trial 2 in it (and trial 1 ended) first.
+        if before:
+            time.sleep(2.5)
+    finally:  # whatever happened: no driver left, no rank held (they would hold the session cluster's CPUs)
+        driver.send_signal(signal.SIGKILL)
+        out = driver.communicate(timeout=30)[0]
+        (gate / "open").touch()  # the resumed trial 2 goes on
     assert before, f"the sweep never reached its second trial:\n{out[-3000:]}"
 
     lines: list[str] = []
