@@ -51,6 +51,11 @@ def _oom(e: BaseException) -> bool:
 _CRASH_NAMES = {"ActorDiedError", "RayActorError", "WorkerCrashedError", "ActorUnavailableError", "NodeDiedError",
                 "WorkerHealthCheckFailedError", "WorkerHealthCheckTimeoutError", "ActorPlacementGroupRemoved"}
 TRANSIENT_KINDS = ("crash",)  # retried in place (from the trial's last checkpoint)
+# What a rank left in a collective reads when its peer's process went away (the socket closed under it):
+# gloo's read of a reset or closed connection, NCCL's remote-process check. Alone (no rank's own error
+# collected: Ray Train had not yet seen the peer die, as on a loaded machine), that is a crash. A timeout is
+# not in it: a hung peer is no crash, and nothing says another attempt would not hang again.
+_PEER_GONE = re.compile(r"Connection reset by peer|Connection closed by peer|remote process exited")
 # Say nothing about the configuration and would hit every trial that follows: the sweep halts,
 # keeping this trial (and its checkpoint) to run again when it is resumed.
 HALT_KINDS = ("disk_full",)
@@ -130,6 +135,11 @@ def classify(exc: BaseException) -> tuple[str, str]:
             if match(e):
                 where = f"rank {rank}: " if rank is not None else ""
                 return kind, f"{where}{type(e).__name__}: {_first_line(e)}" + _HINTS.get(kind, "")
+    gone = {r for r, e in leaves if _PEER_GONE.search(str(e))}
+    if gone and gone == {r for r, _ in leaves}:  # every rank heard of, only as left behind by a peer
+        rank, e = next((r, e) for r, e in leaves if _PEER_GONE.search(str(e)))
+        where = f"rank {rank}: " if rank is not None else ""
+        return "crash", f"{where}{type(e).__name__}: {_first_line(e)} (a peer's process went away)"
     rank, e = leaves[-1] if len(leaves) > 1 and leaves[0][0] is not None else leaves[0]
     where = f"rank {rank}: " if rank is not None else ""
     return "error", f"{where}{type(e).__name__}: {_first_line(e)}"
