@@ -55,7 +55,10 @@ TRANSIENT_KINDS = ("crash",)  # retried in place (from the trial's last checkpoi
 # gloo's read of a reset or closed connection, NCCL's remote-process check. Alone (no rank's own error
 # collected: Ray Train had not yet seen the peer die, as on a loaded machine), that is a crash. A timeout is
 # not in it: a hung peer is no crash, and nothing says another attempt would not hang again.
-_PEER_GONE = re.compile(r"Connection reset by peer|Connection closed by peer|remote process exited")
+# Their own wording only: a user's HTTP call reset by its server ("[Errno 104] Connection reset by peer") is no
+# sign of a peer rank.
+_PEER_GONE = re.compile(r"gloo/transport/tcp/\S+\] .*Connection (?:reset|closed) by peer"
+                        r"|remote process exited or there was a network error")
 # Say nothing about the configuration and would hit every trial that follows: the sweep halts,
 # keeping this trial (and its checkpoint) to run again when it is resumed.
 HALT_KINDS = ("disk_full",)
@@ -135,9 +138,8 @@ def classify(exc: BaseException) -> tuple[str, str]:
             if match(e):
                 where = f"rank {rank}: " if rank is not None else ""
                 return kind, f"{where}{type(e).__name__}: {_first_line(e)}" + _HINTS.get(kind, "")
-    gone = {r for r, e in leaves if _PEER_GONE.search(str(e))}
-    if gone and gone == {r for r, _ in leaves}:  # every rank heard of, only as left behind by a peer
-        rank, e = next((r, e) for r, e in leaves if _PEER_GONE.search(str(e)))
+    if all(_PEER_GONE.search(str(e)) for _, e in leaves):  # every rank heard of, only as left behind by a peer
+        rank, e = leaves[0]
         where = f"rank {rank}: " if rank is not None else ""
         return "crash", f"{where}{type(e).__name__}: {_first_line(e)} (a peer's process went away)"
     rank, e = leaves[-1] if len(leaves) > 1 and leaves[0][0] is not None else leaves[0]
@@ -146,12 +148,13 @@ def classify(exc: BaseException) -> tuple[str, str]:
 
 
 _RANK_PREFIX = re.compile(r"^rank \d+: ")
+_PEER_ADDRESS = re.compile(r"\[[^\]\s]*\]:\d+")  # gloo's "[127.0.0.1]:31655": another port every trial
 
 
 def signature(kind: str, reason: str) -> tuple[str, str]:
     """What makes two failures "the same" for the circuit breaker: the kind and the error,
-    not which rank happened to report it first."""
-    return kind, _RANK_PREFIX.sub("", reason)
+    not which rank happened to report it first, nor the port its peer had."""
+    return kind, _PEER_ADDRESS.sub("[peer]", _RANK_PREFIX.sub("", reason))
 
 
 def failure_of(error: BaseException | None) -> tuple[str, str]:

@@ -190,7 +190,7 @@ def test_oom_on_one_rank_while_the_other_waits_in_a_collective(peer_exits: bool)
         errors.join_thread()
     waiting = got[0]  # what the waiting rank really sees: connection reset by peer, or a gloo timeout
     # alone, it is what it says: a peer's process went away (a crash, retried), or a timeout (an error)
-    alone = "crash" if "by peer" in str(waiting) else "error"
+    alone = "error" if "Timed out" in str(waiting) or not peer_exits else "crash"
     assert type(got[1]).__name__ == "OutOfMemoryError" and classify(FakeWorkerGroupError({0: waiting}))[0] == alone
     for failures in ({0: waiting, 1: got[1]}, {0: got[1], 1: waiting}):  # whichever rank is listed first
         kind, reason = classify(FakeWorkerGroupError(failures))
@@ -239,7 +239,14 @@ def test_a_peer_gone_alone_is_a_crash_but_never_hides_a_ranks_own_error() -> Non
     assert kind == "crash" and reason.startswith("rank 0: RuntimeError: ") and reason.endswith("(a peer's process went away)")
     assert classify(FakeWorkerGroupError({0: reset, 1: reset}))[0] == "crash"
     nccl = RuntimeError("NCCL error: remote process exited or there was a network error, NCCL version 2.21.5")
-    assert classify(FakeWorkerGroupError({0: nccl}))[0] == "crash"
+    closed = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.7]:4411")
+    assert classify(FakeWorkerGroupError({0: nccl}))[0] == classify(FakeWorkerGroupError({1: closed}))[0] == "crash"
+    assert classify(reset) == ("crash", f"RuntimeError: {_RESET} (a peer's process went away)")  # no rank named
+    # the same death on the next trial (another port) is the same failure for the circuit breaker
+    other = RuntimeError(_RESET.replace("31655", "40127"))
+    assert signature(*classify(FakeWorkerGroupError({0: reset}))) == signature(*classify(FakeWorkerGroupError({1: other})))
+    # a user's own call reset by its server is its error, not a peer's death
+    assert classify(FakeWorkerGroupError({0: ConnectionResetError(104, "Connection reset by peer")}))[0] == "error"
     # a rank's own error, generic or specific, is the failure; its peer's reset only a consequence
     assert classify(FakeWorkerGroupError({0: reset, 1: ValueError("bad label 7")})) == ("error", "rank 1: ValueError: bad label 7")
     assert classify(FakeWorkerGroupError({1: reset, 0: OutOfMemoryError("CUDA out of memory")}))[0] == "oom"
