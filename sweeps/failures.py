@@ -136,15 +136,16 @@ def classify(exc: BaseException) -> tuple[str, str]:
     for kind, match in rules:
         for rank, e in leaves:
             if match(e):
-                where = f"rank {rank}: " if rank is not None else ""
-                return kind, f"{where}{type(e).__name__}: {_first_line(e)}" + _HINTS.get(kind, "")
+                return kind, _named(rank, e) + _HINTS.get(kind, "")
     if all(_PEER_GONE.search(str(e)) for _, e in leaves):  # every rank heard of, only as left behind by a peer
-        rank, e = leaves[0]
-        where = f"rank {rank}: " if rank is not None else ""
-        return "crash", f"{where}{type(e).__name__}: {_first_line(e)} (a peer's process went away)"
-    rank, e = leaves[-1] if len(leaves) > 1 and leaves[0][0] is not None else leaves[0]
-    where = f"rank {rank}: " if rank is not None else ""
-    return "error", f"{where}{type(e).__name__}: {_first_line(e)}"
+        return "crash", _named(*leaves[0]) + " (a peer's process went away)"
+    return "error", _named(*(leaves[-1] if len(leaves) > 1 and leaves[0][0] is not None else leaves[0]))
+
+
+def _named(rank: int | None, e: BaseException) -> str:
+    """A failure's reason: the rank that raised it (where known), its type and its first line."""
+    where = "" if rank is None else f"rank {rank}: "
+    return f"{where}{type(e).__name__}: {_first_line(e)}"
 
 
 _RANK_PREFIX = re.compile(r"^rank \d+: ")
