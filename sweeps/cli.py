@@ -7,32 +7,26 @@ import errno
 import logging
 import os
 import sys
+import tempfile
+import time
+import traceback
 from typing import Any
 
+from sweeps.errors import ExitCode, SweepsError
 from sweeps.spec import SpecError, load_spec
 
-# Exit codes: 0 a best configuration was found, 1 no trial finished, 2 bad spec or name clash,
-# 3 the tracking server is unreachable, 4 the sweep stopped before its end and can be resumed.
-EXIT_UNFINISHED = 4
+EXIT_UNFINISHED = ExitCode.RESUMABLE  # the name tests and scripts import
 
 
 def _validate(args: argparse.Namespace) -> int:
-    try:
-        spec, _ = load_spec(args.spec)
-    except SpecError as exc:
-        print(exc, file=sys.stderr)
-        return 2
+    spec, _ = load_spec(args.spec)
     fits = ""
     if args.cpus is not None or args.gpus is not None or args.here:
         from sweeps.resources import refuse_if_never_fits, this_machine
 
         have = this_machine() if args.here else {}
         have.update({k: float(v) for k, v in (("CPU", args.cpus), ("GPU", args.gpus)) if v is not None})
-        try:
-            refuse_if_never_fits(spec, have)
-        except SpecError as exc:
-            print(exc, file=sys.stderr)
-            return 2
+        refuse_if_never_fits(spec, have)
         fits = f"; its largest trial fits {have.get('CPU', 0):g} CPUs and {have.get('GPU', 0):g} GPUs"
     searched = ", ".join(spec.space.searched()) or "nothing"
     print(f"{args.spec}: OK — sweep {spec.name!r}, {spec.budget.num_trials} trials of {spec.trainable.name}, searching {searched}{fits}")
@@ -40,39 +34,27 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from sweeps.state import SweepExists, load_for_resume, resume_command
-
-    try:
-        if args.command == "resume":
-            spec, text = load_for_resume(args.storage_path, args.name)
-        else:
-            spec, text = load_spec(args.spec)
-    except (SpecError, SweepExists) as exc:
-        print(f"error: {exc}" if isinstance(exc, SweepExists) else exc, file=sys.stderr)
-        return 2
     from sweeps.runner import run_sweep
-    from sweeps.tracking import TrackingUnavailable
+    from sweeps.state import load_for_resume, resume_command
 
+    if args.command == "resume":
+        spec, text = load_for_resume(args.storage_path, args.name)
+    else:
+        spec, text = load_spec(args.spec)
     try:
         outcome = run_sweep(spec, text, restart=getattr(args, "restart", False))
-    except TrackingUnavailable as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 3
-    except (SweepExists, SpecError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         print(f"error: the disk is full ({exc.strerror}: {exc.filename or 'writing the sweep state'}). Free space "
               f"there (old sweeps under {spec.storage_path}, Ray's logs under /tmp/ray), then: {resume_command(spec)}",
               file=sys.stderr)
-        return EXIT_UNFINISHED
+        return ExitCode.RESUMABLE
     ended = "stopped before its end after" if outcome.interrupted else "finished in"
     _print_outcome(outcome, f"\nSweep {spec.name} {ended} {outcome.elapsed_s:.0f}s")
     if outcome.interrupted:
-        return EXIT_UNFINISHED
-    return 0 if outcome.best is not None else 1
+        return ExitCode.RESUMABLE
+    return ExitCode.OK if outcome.best is not None else ExitCode.NO_TRIAL_FINISHED
 
 
 def _print_outcome(outcome: Any, title: str) -> None:
@@ -99,16 +81,16 @@ def _report(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from mlflow.tracking import MlflowClient
-
+    from sweeps.errors import InputError
     from sweeps.report import load_outcome, to_json
+    from sweeps.store import open_store
 
-    client = MlflowClient(args.tracking_uri)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one small spec.yaml: no bar on stderr
+    client = open_store(args.tracking_uri, create=False)  # reading: never creates a store
     try:
         outcome = load_outcome(client, args.sweep)
     except ValueError as exc:
-        print(exc, file=sys.stderr)
-        return 2
+        raise InputError(str(exc)) from None
     if args.out:
         from sweeps.plots import publish
 
@@ -203,6 +185,8 @@ def _wait_head(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sweeps", description="Find the fastest correct way to train a model.")
+    parser.add_argument("--debug", action="store_true", help="print the traceback of a failure (otherwise one line "
+                        "says the cause and the fix)")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("validate", help="check a sweep spec (needs neither Ray nor a GPU)")
     p.add_argument("spec")
@@ -252,4 +236,47 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=_wait_head)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return int(args.func(args))
+    return int(_guarded(args))
+
+
+def _guarded(args: argparse.Namespace) -> int:
+    """Run the command; every failure ends in one line on stderr and its exit code (`sweeps.errors`)."""
+    from sweeps.connect import sigterm_as_sigint
+
+    try:
+        with sigterm_as_sigint():  # a scheduler's SIGTERM is a Ctrl+C
+            return int(args.func(args))
+    except SweepsError as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(exc if isinstance(exc, SpecError) else f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except BrokenPipeError:  # `sweeps report X | head`: the reader went away, nothing to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return ExitCode.OK
+    except KeyboardInterrupt:
+        if args.debug:
+            traceback.print_exc()
+        print("stopped by a signal; what had finished is kept: run the same command again to continue (a sweep "
+              "resumes where it stopped)", file=sys.stderr)
+        return ExitCode.RESUMABLE
+    except Exception as exc:  # noqa: BLE001 - a bug: one line here, the whole traceback in a file
+        if args.debug:
+            raise
+        print(f"error: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''} "
+              f"(an unexpected error; {_traceback_file()}; `sweeps --debug ...` prints it)", file=sys.stderr)
+        return ExitCode.INTERNAL
+
+
+def _traceback_file() -> str:
+    """Write the current exception's traceback to a log file; says where (or that it could not)."""
+    text = traceback.format_exc()
+    for folder in (tempfile.gettempdir(), os.getcwd()):
+        path = os.path.join(folder, f"sweeps-error-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log")
+        try:
+            with open(path, "w") as f:
+                f.write(text)
+        except OSError:
+            continue
+        return f"its traceback is in {path}"
+    return "its traceback could not be written anywhere"

@@ -332,12 +332,12 @@ def log_mlflow(report: dict[str, Any], tracking_uri: str) -> str:
     """One run per check (tag `doctor`); one hardware key's figures as its metrics, or with several keys a
     child run per key. The whole report is the run's `doctor.json` artifact. Returns the run id."""
     from mlflow.entities import Metric, RunTag
-    from mlflow.tracking import MlflowClient
 
+    from sweeps.store import open_store
     from sweeps.tracking import _artifact_location
     from trainables.contract import is_metric
 
-    client = MlflowClient(tracking_uri)
+    client = open_store(tracking_uri)
     exp = client.get_experiment_by_name(DOCTOR_EXPERIMENT)
     exp_id = exp.experiment_id if exp else client.create_experiment(
         DOCTOR_EXPERIMENT, artifact_location=_artifact_location(tracking_uri, DOCTOR_EXPERIMENT),

@@ -12,6 +12,7 @@ import errno
 import re
 from collections.abc import Iterator
 
+from sweeps.outcome import at_word
 from trainables.errors import DivergedError, UnsupportedError, WorkloadError
 
 KINDS: tuple[str, ...] = ("unsupported", "oom", "diverged", "disk_full", "config", "dataloader", "crash", "error")
@@ -113,8 +114,8 @@ def _first_line(exc: BaseException) -> str:
     if caught := _CAUGHT.search(text):  # the original error is the traceback's last line
         last = [line.strip() for line in text.splitlines() if line.strip()][-1]
         last = last.removeprefix(f"{caught[1]}:").strip() or last
-        return f"{last[:250]} (raised by the dataset in DataLoader worker process {caught[2]})"
-    return text.splitlines()[0][:300]
+        return f"{at_word(last, 1000)} (raised by the dataset in DataLoader worker process {caught[2]})"
+    return at_word(text.splitlines()[0], 2000)  # whole, as a rule: tables shorten it at a word, MLflow keeps it
 
 
 def classify(exc: BaseException) -> tuple[str, str]:

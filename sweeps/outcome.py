@@ -8,6 +8,16 @@ from typing import Any
 from sweeps.spec import SweepSpec
 from trainables.contract import ELAPSED_S, EVALS, FINAL, STEPS, TARGET_BEST, TIME_TO_TARGET_S
 
+
+def at_word(text: str, width: int) -> str:
+    """`text`, or its first words up to `width` characters and "…" when longer: never cut mid-word."""
+    if len(text) <= width:
+        return text
+    cut = text[:width - 1]
+    head = cut.rsplit(" ", 1)[0] if " " in cut else cut
+    return head.rstrip(" ,;:—-") + "…"
+
+
 MEASURED = ("ok", "infeasible")  # ran to its final report: its figures are real (infeasible breaks a constraint)
 NOT_FAILED = (*MEASURED, "pruned", "stopped")  # ended early on purpose; nothing went wrong
 UNFINISHED = ("running", "interrupted")  # a resumed sweep runs these (again)

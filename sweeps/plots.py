@@ -412,14 +412,24 @@ def write_pareto(outcome: SweepOutcome, target: Path) -> None:
         writer.writerows(records)
 
 
-def publish(outcome: SweepOutcome, client: Any, out_dir: Path | None = None, log: bool = True) -> Path:
-    """Write the figures and summary.html; log them under `report/` on the parent run."""
+def publish(outcome: SweepOutcome, client: Any, out_dir: Path | None = None, log: bool = True) -> Path | None:
+    """Write the figures and summary.html into `out_dir` (returned), and with `log` log them under `report/`
+    on the parent run. Without `out_dir` they are written to a temporary folder, removed once logged
+    (None is returned): MLflow keeps them."""
+    if out_dir is None:
+        with tempfile.TemporaryDirectory(prefix="sweep-report-") as tmp:
+            _write_report(outcome, client, Path(tmp), log)
+        return None
+    _write_report(outcome, client, out_dir, log)
+    return out_dir
+
+
+def _write_report(outcome: SweepOutcome, client: Any, target: Path, log: bool) -> None:
     import matplotlib.pyplot as plt
 
     def history(run_id: str, key: str) -> list[tuple[int, float]]:
         return [(m.step, m.value) for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
 
-    target = out_dir or Path(tempfile.mkdtemp(prefix="sweep-report-"))
     target.mkdir(parents=True, exist_ok=True)
     figs, skipped = figures(outcome, history)
     images: dict[str, bytes] = {}
@@ -433,4 +443,3 @@ def publish(outcome: SweepOutcome, client: Any, out_dir: Path | None = None, log
     write_pareto(outcome, target)
     if log:
         client.log_artifacts(outcome.parent_run_id, str(target), "report")
-    return target

@@ -16,10 +16,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from sweeps.outcome import MEASURED, NOT_FAILED, UNFINISHED, TrialRow
+from sweeps.outcome import MEASURED, NOT_FAILED, UNFINISHED, TrialRow, at_word
 from sweeps.spec import CategoricalParam, FixedParam, SweepSpec
 from sweeps.verdict import cv_metric
 from trainables.contract import DATA_PREP_S, LOOP_S, TRIAL_IN_GROUP, WARMUP_S, WARMUP_STEPS_S, WINDOW_S
+
+REASON_WIDTH = 240  # a failure's reason in a progress line, shortened at a word (whole in MLflow and the final table)
 
 
 @dataclass(frozen=True)
@@ -242,7 +244,8 @@ def progress_line(spec: SweepSpec, row: TrialRow, rows: list[TrialRow], elapsed:
         what += f" INFEASIBLE: {row.reason}" if row.status == "infeasible" else ""
     else:
         failed = row.status not in NOT_FAILED
-        what = f"FAILED ({row.status}: {row.reason})" if failed else f"{row.status.upper()} ({row.reason})"
+        reason = at_word(row.reason, REASON_WIDTH)  # whole in MLflow and under the final table
+        what = f"FAILED ({row.status}: {reason})" if failed else f"{row.status.upper()} ({reason})"
     return ProgressLine(f"[trial {row.number}/{status.total}] {what} | {status.text()}", status)
 
 

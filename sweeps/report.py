@@ -16,7 +16,9 @@ trial slower than another only within that bar is no evidence against what it ra
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -256,8 +258,8 @@ def load_outcome(client: Any, name_or_run_id: str) -> SweepOutcome:
         raise ValueError(f"no sweep named {name_or_run_id!r} (and no parent run with that id) in {client.tracking_uri}; "
                          "check --tracking-uri or the sweep name")
     run_id = parent.info.run_id
-    with open(client.download_artifacts(run_id, "spec.yaml")) as f:
-        spec = parse_spec(f.read(), f"spec.yaml of run {run_id}")
+    with tempfile.TemporaryDirectory(prefix="sweep-spec-") as tmp:  # MLflow's own temp folder would stay
+        spec = parse_spec(Path(client.download_artifacts(run_id, "spec.yaml", tmp)).read_text(), f"spec.yaml of run {run_id}")
     rows = rows_from_runs(child_runs(client, parent.info.experiment_id, run_id))
     elapsed = ((parent.info.end_time or parent.info.start_time) - parent.info.start_time) / 1000
     tags = parent.data.tags

@@ -92,11 +92,12 @@ TRAIN_RUN_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5", "RAY_TRAIN_ENABLE_P
 LEAN_TRAIN_ENV = {**TRAIN_RUN_ENV, "RAY_TRAIN_METRICS_ENABLED": "0"}
 
 
-def local_runtime_env() -> dict[str, Any] | None:
+def local_runtime_env(extra_env: dict[str, str] | None = None) -> dict[str, Any] | None:
     """Outside a Ray job, let workers import user trainables from the current directory, as
-    `ray job submit --working-dir .` does inside one, and start Ray Train lean."""
-    if os.environ.get("RAY_ADDRESS") or os.environ.get("RAY_JOB_ID"):
+    `ray job submit --working-dir .` does inside one, and start Ray Train lean; `extra_env` joins the
+    variables every process of the new instance gets."""
+    if os.environ.get("RAY_ADDRESS", "").strip() not in ("", "local") or os.environ.get("RAY_JOB_ID"):
         return None
     path = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)
     lean = {k: os.environ.get(k, v) for k, v in LEAN_TRAIN_ENV.items()}
-    return {"env_vars": {"PYTHONPATH": path, **lean}}
+    return {"env_vars": {"PYTHONPATH": path, **lean, **(extra_env or {})}}

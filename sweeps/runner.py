@@ -17,6 +17,7 @@ from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
 from sweeps.breaker import BreakerStopper
 from sweeps.callback import _LIVE, SweepCallback
+from sweeps.connect import connect_ray, sigterm_as_sigint
 from sweeps.outcome import UNFINISHED, SweepOutcome
 from sweeps.pool import WarmPool
 from sweeps.progress import TERMINAL, overhead_line, planned_cost
@@ -26,7 +27,16 @@ from sweeps.resources import DRIVER_RESOURCES, concurrency_note, local_runtime_e
 from sweeps.search import make_scheduler, make_searcher, release, shared
 from sweeps.sol import SpeedOfLight
 from sweeps.spec import SweepSpec
-from sweeps.state import SweepExists, SweepState, experiment_dir, resume_command
+from sweeps.state import (
+    SweepExists,
+    SweepState,
+    experiment_dir,
+    in_uploaded_job,
+    outputs_root,
+    resume_command,
+    sweep_lock,
+)
+from sweeps.store import absolute_uri
 from sweeps.tracking import SweepTracker
 from sweeps.trial import run_trial
 from sweeps.verdict import revise_verdicts
@@ -47,27 +57,32 @@ def run_sweep(spec: SweepSpec, spec_text: str, echo: Callable[[str], None] = ech
               restart: bool = False) -> SweepOutcome:
     """Run the sweep on the Ray cluster `ray.init()` finds (or a new local one). A sweep of the
     same name and spec already in `storage_path` is resumed; another spec under that name is
-    refused (`SweepExists`); `restart` moves the old one aside and starts afresh."""
-    state = SweepState.find(spec, spec_text, restart=restart, echo=echo)
-    # Before Ray starts: a dead MLflow server fails here, in seconds (SweepTracker checks it).
-    tracker = SweepTracker(spec.tracking.resolved_uri(), spec.tracking.experiment or spec.name,
-                           experiment_dir(spec) / "mlflow-pending.jsonl")
-    if state is not None and not tracker.has_run(state.parent_run_id):
-        # e.g. its mlflow.db was deleted to start afresh: resuming would fail at the first trial
-        raise SweepExists(f"the sweep {spec.name} in {experiment_dir(spec)} was tracked as MLflow run "
-                          f"{state.parent_run_id} at {spec.tracking.resolved_uri()}, which that store no longer has "
-                          "(was it deleted, or tracking.uri changed?). Run the sweep with --restart to start it "
-                          "afresh (the old folder is moved aside), or point tracking.uri at the store that has it")
-    started_ray = not ray.is_initialized()
-    if started_ray:
-        ray.init(runtime_env=local_runtime_env())
-    try:
-        if started_ray:  # this machine is the whole cluster: no autoscaler will bring more
-            refuse_if_never_fits(spec, ray.cluster_resources())
-        return _run(spec, spec_text, echo, state, tracker)
-    finally:
-        if started_ray:
-            ray.shutdown()
+    refused (`SweepExists`); `restart` moves the old one aside and starts afresh. The sweep's lock is
+    held throughout: a second run of it refuses at once (`SweepLocked`)."""
+    uri = spec.tracking.resolved_uri()
+    if in_uploaded_job():  # the job's working directory is a temporary copy of the upload
+        uri = absolute_uri(uri, outputs_root())
+        echo(f"inside a Ray job: the sweep's state ({experiment_dir(spec)}) and a local MLflow store ({uri}) live "
+             "outside the job's temporary working copy ($SWEEPS_HOME, default ~/sweeps, on this node)")
+    with sweep_lock(spec):
+        state = SweepState.find(spec, spec_text, restart=restart, echo=echo)
+        # Before Ray starts: a dead MLflow server or an unusable store fails here, in seconds (sweeps.store).
+        tracker = SweepTracker(uri, spec.tracking.experiment or spec.name, experiment_dir(spec) / "mlflow-pending.jsonl")
+        if state is not None and not tracker.has_run(state.parent_run_id):
+            # e.g. its mlflow.db was deleted to start afresh: resuming would fail at the first trial
+            raise SweepExists(f"the sweep {spec.name} in {experiment_dir(spec)} was tracked as MLflow run "
+                              f"{state.parent_run_id} at {uri}, which that store no longer "
+                              "has (was it deleted, or tracking.uri changed?). Run the sweep with --restart to start it "
+                              "afresh (the old folder is moved aside), or point tracking.uri at the store that has it")
+        started_ray = connect_ray(local_runtime_env, echo)
+        try:
+            with sigterm_as_sigint():  # after ray.init, whose own SIGTERM handler aborts the process
+                if started_ray:  # this machine is the whole cluster: no autoscaler will bring more
+                    refuse_if_never_fits(spec, ray.cluster_resources())
+                return _run(spec, spec_text, echo, state, tracker)
+        finally:
+            if started_ray:
+                ray.shutdown()
 
 
 # Tune saves its experiment state (trials, searcher) every 10 s or more by default; a driver
@@ -135,7 +150,7 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
     callback.speed_of_light = SpeedOfLight.for_sweep(uri)  # before the trials: a quick measurement competes with none
     for key, source in callback.speed_of_light.sources.items():
         echo(f"speed of light for {key}: {source}")
-    ok = False
+    ok = hurried = False
     try:
         if pool is not None and spec.search.probe_batch_size:  # before the search: bounds what it proposes
             from sweeps.probe import probe_frontier
@@ -145,22 +160,27 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
             probe_s = time.monotonic() - probe_t0
         tuner.fit()
         ok = True
+    except KeyboardInterrupt:  # a second signal: stop at once (the trials' state is kept, the figures are not drawn)
+        hurried = True
+        raise
     finally:
         wall = time.monotonic() - t0
         try:
             if pool is not None:  # its groups wind down (~1.5 s of Ray Train teardown) while the results are written
                 pool.close()
-            outcome = _conclude(spec, callback, tracker, echo, token, parent, uri, ok, wall, probe_tags)
+            outcome = _conclude(spec, callback, tracker, echo, token, parent, uri, ok, wall, probe_tags, not hurried)
         finally:
-            groups = pool.join() if pool is not None else None
+            groups = pool.join(timeout_s=10.0 if hurried else 30.0) if pool is not None else None
             this_run = [r for r in callback.rows.values() if r.trial_id in callback.started()]
-            echo(overhead_line(this_run, wall, groups, probe_s))
+            if not hurried:  # its groups were not waited for: no count to give
+                echo(overhead_line(this_run, wall, groups, probe_s))
             TERMINAL.close()  # the live status line gives way to the final output
     return outcome
 
 
 def _conclude(spec: SweepSpec, callback: SweepCallback, tracker: SweepTracker, echo: Callable[[str], None],
-              token: str, parent: str, uri: str, ok: bool, wall: float, probe_tags: dict[str, str]) -> SweepOutcome:
+              token: str, parent: str, uri: str, ok: bool, wall: float, probe_tags: dict[str, str],
+              report: bool = True) -> SweepOutcome:
     """The trials are over (or the sweep was stopped): settle the unfinished ones, write the sweep-level
     figures and the parent run's answer to MLflow, and publish the report."""
     _LIVE.pop(token, None)
@@ -211,7 +231,7 @@ def _conclude(spec: SweepSpec, callback: SweepCallback, tracker: SweepTracker, e
         echo(f"WARNING: could not close the MLflow parent run ({type(exc).__name__}: {exc})")
     if interrupted:
         echo(f"the sweep did not finish ({interrupted}); continue it with: {resume_command(spec)}")
-    if outcome.trials and not tracker.pending:
+    if outcome.trials and not tracker.pending and report:
         _publish_report(outcome, tracker, echo)
     return outcome
 

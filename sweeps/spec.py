@@ -17,6 +17,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from sweeps.errors import InputError
+from sweeps.store import DEFAULT_URI, file_store_problem
 from trainables import registry
 from trainables.contract import (
     KNOWN_METRICS,
@@ -32,7 +34,7 @@ from trainables.errors import WorkloadError
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
 Scalar = bool | int | float | str
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # matched whole (fullmatch): "abc\n" is refused
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ class SpecProblem:
         return f"{where}{self.path or '<root>'}: {self.message}{shown}"
 
 
-class SpecError(ValueError):
+class SpecError(InputError):
     """A spec that cannot run; `problems` lists every issue found."""
 
     def __init__(self, source: str, problems: list[SpecProblem]) -> None:
@@ -648,8 +650,16 @@ class TrackingSpec(BaseModel):
     uri: str | None = Field(default=None, description="MLflow URI; default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
     experiment: str | None = Field(default=None, description="default: the sweep name")
 
+    @field_validator("uri")
+    @classmethod
+    def _supported(cls, uri: str | None) -> str | None:
+        problem = file_store_problem(uri) if uri is not None else None
+        if problem:
+            raise ValueError(problem)
+        return uri
+
     def resolved_uri(self) -> str:
-        return self.uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
+        return self.uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
 
 
 class SweepSpec(BaseModel):
@@ -831,7 +841,7 @@ class SweepSpec(BaseModel):
     @field_validator("name")
     @classmethod
     def _safe_name(cls, name: str) -> str:
-        if not _NAME.match(name) or ".." in name:
+        if not _NAME.fullmatch(name) or ".." in name:
             raise ValueError(
                 "must be 1-64 letters, digits, '.', '_' or '-', start with a letter or digit, "
                 "and contain no '..' (it names folders and MLflow runs)"

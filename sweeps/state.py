@@ -8,20 +8,75 @@ not kept here but on the runs themselves (tag `sweep.trial_id` on each child of 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
+import os
+import socket
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from sweeps.errors import InputError
 from sweeps.spec import SweepSpec, parse_spec
 
 STATE_FILE = "sweep.json"
 
 
-class SweepExists(ValueError):
+class SweepExists(InputError):
     """Another sweep already lives under this name in the storage path."""
+
+
+class SweepLocked(InputError):
+    """Another process is running this sweep (it holds the sweep's lock)."""
+
+
+def lock_path(spec: SweepSpec) -> Path:
+    """`<storage_path>/<name>.lock`: beside the sweep's folder, not in it (`--restart` moves the folder)."""
+    return storage_root(spec.storage_path) / f"{spec.name}.lock"
+
+
+@contextlib.contextmanager
+def sweep_lock(spec: SweepSpec) -> Iterator[None]:
+    """Hold the sweep's lock for as long as it runs: a second `run` or `resume` of it, from any process on
+    a machine that shares the storage path's file locks, is refused at once (`SweepLocked`, naming the
+    holder). The operating system releases the lock when the holding process ends, however it ends;
+    the file stays, holding the last holder's name."""
+    path = lock_path(spec)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise InputError(f"storage_path: cannot write {path.parent} ({exc.strerror}); point storage_path at a "
+                         "writable folder") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SweepLocked(f"sweep {spec.name} is already running: {_holder(path)}. Wait for it to end, or stop "
+                              f"it (Ctrl+C there, or kill -TERM its pid; it stays resumable) and then: "
+                              f"{resume_command(spec)}; to run this spec beside it, give it another name") from None
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                  "command": " ".join(["sweeps", *sys.argv[1:]]) if sys.argv[1:] else "sweeps"}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(holder).encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _holder(path: Path) -> str:
+    """Who holds the lock at `path`, as its holder wrote it."""
+    try:
+        h = json.loads(path.read_text() or "{}")
+    except (OSError, ValueError):
+        h = {}
+    if not h:
+        return "another process holds its lock"
+    return f"pid {h.get('pid')} on host {h.get('host')} since {h.get('since')} (`{h.get('command')}`)"
 
 
 def spec_digest(spec: SweepSpec) -> str:
@@ -29,12 +84,41 @@ def spec_digest(spec: SweepSpec) -> str:
     return hashlib.sha256(spec.model_dump_json(exclude={"storage_path"}).encode()).hexdigest()
 
 
+_JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # what Ray's job supervisor hands the job's driver
+
+
+def in_uploaded_job() -> bool:
+    """Whether this process is the driver of a `ray job submit --working-dir` job: its working directory is a
+    temporary copy of the upload, which the next job does not see."""
+    try:
+        config = json.loads(os.environ.get(_JOB_CONFIG_ENV, "") or "{}")
+    except ValueError:
+        return False
+    return bool(((config or {}).get("runtime_env") or {}).get("working_dir"))
+
+
+def outputs_root() -> Path:
+    """What the sweep's relative output paths (storage_path, a sqlite store) resolve against: the working
+    directory; in a `ray job submit --working-dir` job, `$SWEEPS_HOME` (default `~/sweeps`) on the job's
+    node instead, so that the sweep's state and store outlive the job, and what the upload carried
+    (a local run's `ray_results/`, `mlflow.db`) never collides with them."""
+    if not in_uploaded_job():
+        return Path.cwd()
+    return Path(os.environ.get("SWEEPS_HOME") or Path.home() / "sweeps").resolve()
+
+
+def storage_root(storage_path: str) -> Path:
+    """The folder a `storage_path` names (relative: under `outputs_root()`)."""
+    return (outputs_root() / storage_path).resolve()
+
+
 def experiment_dir(spec: SweepSpec) -> Path:
-    return Path(spec.storage_path).resolve() / spec.name
+    return storage_root(spec.storage_path) / spec.name
 
 
 def resume_command(spec: SweepSpec) -> str:
-    return f"sweeps resume {spec.name} --storage-path {spec.storage_path}"
+    where = storage_root(spec.storage_path) if in_uploaded_job() else spec.storage_path
+    return f"sweeps resume {spec.name} --storage-path {where}"
 
 
 @dataclass
@@ -91,11 +175,12 @@ class SweepState:
 
 def load_for_resume(storage_path: str, name: str) -> tuple[SweepSpec, str]:
     """The spec of sweep `name` saved under `storage_path`, for `sweeps resume`."""
-    exp_dir = Path(storage_path).resolve() / name
+    root = storage_root(storage_path)
+    exp_dir = root / name
     if not (exp_dir / STATE_FILE).exists():
-        found = sorted(p.parent.name for p in Path(storage_path).resolve().glob(f"*/{STATE_FILE}"))
-        raise SweepExists(f"no sweep named {name!r} in {Path(storage_path).resolve()}"
+        found = sorted(p.parent.name for p in root.glob(f"*/{STATE_FILE}"))
+        raise SweepExists(f"no sweep named {name!r} in {root}"
                           + (f"; sweeps there: {', '.join(found)}" if found else "") + ". Check --storage-path")
     state = SweepState.read(exp_dir)
     spec = parse_spec(state.spec_text, f"{exp_dir / STATE_FILE}")
-    return spec.model_copy(update={"storage_path": str(Path(storage_path).resolve())}), state.spec_text
+    return spec.model_copy(update={"storage_path": str(root)}), state.spec_text

@@ -20,6 +20,7 @@ from urllib.parse import quote, urlparse
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
+from sweeps.store import TrackingUnavailable, check_reachable, open_store  # noqa: F401 - the first two re-exported
 from trainables.contract import METRIC_KEY, is_metric
 
 logger = logging.getLogger(__name__)
@@ -61,32 +62,6 @@ def child_runs(client: MlflowClient, experiment_id: str, parent_id: str) -> list
     return list(client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{parent_id}'", max_results=50_000))
 
 
-class TrackingUnavailable(ValueError):
-    """The MLflow tracking store cannot be reached when the sweep starts."""
-
-
-# Bounded HTTP behaviour for a remote store (MLflow's defaults retry for minutes); a user's own
-# MLFLOW_HTTP_* settings win.
-_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "15", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
-                  "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
-
-
-def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
-    """Fail fast, before anything runs, when an MLflow server does not answer."""
-    if not uri.startswith(("http://", "https://")):
-        return
-    import requests
-
-    try:
-        requests.get(uri.rstrip("/") + "/health", timeout=timeout_s).raise_for_status()
-    except requests.RequestException as exc:
-        raise TrackingUnavailable(
-            f"MLflow tracking server {uri} is not reachable ({type(exc).__name__}); nothing was run. Start it "
-            "(e.g. `mlflow server --host 127.0.0.1 --port 5000`), fix tracking.uri in the spec, or unset it to "
-            "use the local sqlite:///mlflow.db"
-        ) from None
-
-
 class SweepTracker:
     """Parent/child MLflow runs for one sweep. Child runs are keyed by Tune trial id.
 
@@ -96,11 +71,8 @@ class SweepTracker:
     """
 
     def __init__(self, uri: str, experiment: str, pending_path: Path | None = None) -> None:
-        for key, value in _HTTP_DEFAULTS.items():
-            os.environ.setdefault(key, value)
-        check_reachable(uri)
         self.uri = uri
-        self.client = MlflowClient(tracking_uri=uri)
+        self.client = open_store(uri)  # checked, created under a lock where new: `sweeps.store`
         self.experiment_id = self._experiment(experiment)
         self.parent_id: str | None = None
         self._children: dict[str, str] = {}

@@ -202,15 +202,16 @@ class WarmFailure(Exception):
 def warm_reports(pool: Any, trial_id: str, cfg: TrialConfig, checkpoint_dir: str,
                  resume_from: str | None) -> Iterator[dict[str, Any]]:
     """Hand a trial to a warm group and yield its reports until the final one; a failure raises
-    `WarmFailure` (with the last checkpoint the trial kept), a closed pool `RuntimeError`."""
+    `WarmFailure` (with the last checkpoint the trial kept); a closed pool ends them early."""
     import ray
 
     ray.get(pool.submit.remote(trial_id, cfg.to_dict(), resume_from, checkpoint_dir))
     seen, checkpoint = 0, resume_from
     while True:
         events = ray.get(pool.events.remote(trial_id, seen, 5.0))
-        if events is None:
-            raise RuntimeError("the sweep's warm worker pool closed before this trial ended")
+        if events is None:  # the sweep is ending (stopped at once): Tune no longer waits for this trial
+            logger.info("the sweep's warm worker pool closed before trial %s ended", trial_id)
+            return
         for event in events:
             seen += 1
             if "failed" in event:

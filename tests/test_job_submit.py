@@ -169,3 +169,31 @@ def test_the_readme_steps_wait_for_the_head_then_a_job_runs_a_sweep_reading_its_
     status = subprocess.run([str(BIN / "ray"), "job", "status", "--address", head["address"], probe], env=env,
                             capture_output=True, text=True, timeout=60)
     assert f"Job '{probe}' succeeded" in status.stdout, status.stdout[-2000:]  # wait-head's no-op job ran
+
+    # A second project, as a user submits it after a local run: its relative outputs (storage_path, the default
+    # sqlite store) live outside the job's temporary working copy ($SWEEPS_HOME), so the local run's state that
+    # the upload carries never collides with the job's; its data/ is listed in .gitignore, which `ray job submit`
+    # does not upload: every trial fails `config`, and the reason says so, whole.
+    second = tmp_path / "second"
+    prepare(second / "data" / "shapes", num_per_class=4, image_size=12)
+    (second / ".gitignore").write_text("data/\nmlflow.db\n")
+    text = JOB_SPEC.format(uri="sqlite:///mlflow.db", storage="ray_results").replace("job-exp", "job-exp-2")
+    (second / "sweep.yaml").write_text(text)
+    local = second / "ray_results" / "job-sweep"  # what a local run of another spec under this name left
+    local.mkdir(parents=True)
+    (local / "sweep.json").write_text(json.dumps({"spec_text": text.replace("num_steps: 4", "num_steps: 5"),
+                                                  "token": "t", "parent_run_id": "r", "tracking_uri": "u",
+                                                  "spec_sha256": "0" * 64}))
+    home = tmp_path / "sweeps-home"
+    runtime = json.dumps({"env_vars": {"SWEEPS_HOME": str(home)}})
+    failed = subprocess.run([*submit[:5], "--runtime-env-json", runtime, *submit[5:]], cwd=second, env=env,
+                            capture_output=True, text=True, timeout=400)
+    out = failed.stdout + failed.stderr
+    assert failed.returncode != 0 and "a different sweep named" not in out, out[-4000:]
+    assert "inside a Ray job: the sweep's state" in out and "0/2 trials ok" in out, out[-4000:]
+    reasons = MlflowClient(f"sqlite:///{home / 'mlflow.db'}").search_runs(
+        [MlflowClient(f"sqlite:///{home / 'mlflow.db'}").get_experiment_by_name("job-exp-2").experiment_id],
+        "tags.`sweep.status` = 'config'")
+    assert len(reasons) == 2 and (home / "ray_results" / "job-sweep" / "sweep.json").exists()
+    why = reasons[0].data.tags["sweep.failure_reason"]
+    assert "data is listed in .gitignore" in why and why.endswith("give its absolute path"), why

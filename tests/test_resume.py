@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from sweeps.cli import main
+from sweeps.cli import EXIT_UNFINISHED, main
 from sweeps.runner import run_sweep
 from sweeps.spec import parse_spec
 from sweeps.state import STATE_FILE, SweepExists, SweepState, spec_digest
@@ -38,10 +38,18 @@ def _children(client: MlflowClient, parent: str) -> list:
     return client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent}'") if exp else []
 
 
+# How the driver is stopped: SIGKILL (nothing runs: Tune's last state save is what resume has), SIGTERM (what
+# `timeout`, systemd, SLURM and Kubernetes send: a graceful stop, exit 4), SIGTERM twice (the second stops at
+# once, exit 4). With scaling.reuse_workers true (warm groups) and false (a Train run per trial).
+STOPS = [("true", (signal.SIGKILL,)), ("false", (signal.SIGKILL,)), ("true", (signal.SIGTERM,)),
+         ("true", (signal.SIGTERM, signal.SIGTERM))]
+
+
 @pytest.mark.ray
-@pytest.mark.parametrize("reuse", ["true", "false"], ids=["warm", "cold"])  # scaling.reuse_workers
-def test_killed_driver_resumes_without_losing_or_duplicating(ray_cluster: None, tmp_path: Path, reuse: str,
-                                                             new_store: Callable[[Path], Path]) -> None:
+@pytest.mark.parametrize(("reuse", "signals"), STOPS, ids=["warm-kill", "cold-kill", "warm-term", "warm-term-twice"])
+def test_a_stopped_driver_resumes_without_losing_or_duplicating(ray_cluster: None, tmp_path: Path, reuse: str,
+                                                                signals: tuple[int, ...],
+                                                                new_store: Callable[[Path], Path]) -> None:
     import ray
 
     new_store(tmp_path / "mlflow.db")
@@ -82,10 +90,24 @@ def test_killed_driver_resumes_without_losing_or_duplicating(ray_cluster: None, 
         if before:
             time.sleep(2.5)
     finally:  # whatever happened: no driver left, no rank held (they would hold the session cluster's CPUs)
-        driver.send_signal(signal.SIGKILL)
-        out = driver.communicate(timeout=30)[0]
+        for sig in signals if before else (signal.SIGKILL,):
+            driver.send_signal(sig)
+            time.sleep(0.5)
+        if signals[0] != signal.SIGKILL:  # a stopping driver winds its warm group down: its held ranks must go on
+            (gate / "open").touch()
+        try:
+            out = driver.communicate(timeout=60)[0]
+        except subprocess.TimeoutExpired:
+            driver.kill()
+            out = driver.communicate(timeout=30)[0]
         (gate / "open").touch()  # the resumed trial 2 goes on
     assert before, f"the sweep never reached its second trial:\n{out[-3000:]}"
+    if signals[0] == signal.SIGTERM:  # a scheduler's stop: exit 4, "resumable", the resume command, one parent run
+        assert driver.returncode == EXIT_UNFINISHED, out[-3000:]
+        assert "Traceback" not in out and "Aborted" not in out and "SIGTERM received" in out, out[-3000:]
+        assert "sweeps resume resumable" in out, out[-3000:]
+        if len(signals) == 1:  # the graceful stop ran to its end: the trial was marked, the report drawn
+            assert "NOT FINISHED" in out and "trial 2 interrupted" in out, out[-3000:]
 
     lines: list[str] = []
     spec = parse_spec(text)

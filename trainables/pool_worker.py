@@ -20,6 +20,7 @@ Imports Ray core and Ray Train lazily, never Ray Tune.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import gc
 import logging
 import os
@@ -78,11 +79,28 @@ def missing_file(exc: FileNotFoundError, origin: str) -> WorkloadError:
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         what = lines[-1] if lines else "FileNotFoundError"
     error = WorkloadError(f"{what} — relative paths resolve against {os.getcwd()} ({origin}); give paths from "
-                          "there, or absolute ones on storage every node mounts")
+                          "there, or absolute ones on storage every node mounts" + _ignored_hint(exc.filename))
     where = getattr(exc, "sweeps_where", None)  # where the loop stopped: the warm group compares it across ranks
     if where is not None:
         error.sweeps_where = where  # type: ignore[attr-defined]
     return error
+
+
+def _ignored_hint(filename: str | None) -> str:
+    """Where the missing path's first folder is listed in the working directory's .gitignore: `ray job submit
+    --working-dir` leaves out of its upload what .gitignore lists, the likely cause; else ""."""
+    if not filename:
+        return ""
+    path = os.path.relpath(os.path.abspath(filename))
+    top = path.split(os.sep, 1)[0]
+    if top in ("", ".", "..") or not os.path.isfile(".gitignore"):
+        return ""
+    with open(".gitignore", errors="replace") as f:
+        patterns = [p.strip().strip("/") for p in f if p.strip() and not p.lstrip().startswith(("#", "!"))]
+    if not any(fnmatch.fnmatch(top, p) or fnmatch.fnmatch(path, p) for p in patterns if p):
+        return ""
+    return (f". {top} is listed in .gitignore, and `ray job submit --working-dir` does not upload what .gitignore "
+            "lists: put the data on storage every node mounts and give its absolute path")
 
 
 @contextlib.contextmanager

@@ -1,0 +1,210 @@
+"""Opening the MLflow tracking store: checked first, created under a lock, failing in one line.
+
+MLflow opens a store lazily, at its first call, and a sqlite store it has not seen is created and
+migrated then (65 tables, alembic). Two processes doing that to one new file at once race: one
+fails ("table latest_metrics already exists") and the file can be left half-created, unusable
+afterwards. A read-only folder fails only after MLflow's engine retries (~105 s), a garbage file
+deep in a traceback. So every command opens its store here:
+
+- a server (`http(s)://`) must answer its health check within seconds;
+- a `file://` store (or a bare path, which MLflow reads as one) is refused unless
+  `MLFLOW_ALLOW_FILE_STORE=true`: MLflow 3 keeps it in maintenance mode;
+- a sqlite file is checked before MLflow sees it (its folder writable, its header SQLite's, its pages
+  sound), then opened -- created and migrated where new -- while this process holds a lock file
+  beside it (`<db>.lock`, released by the OS when the process dies), so concurrent first uses wait
+  for one another;
+- a reading command (`create=False`) never creates a store: no file, no store.
+
+Every problem is a `StoreUnusable` whose message says the cause and the fix in one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from sweeps.errors import StoreUnusable
+
+logger = logging.getLogger(__name__)
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+DEFAULT_URI = "sqlite:///mlflow.db"
+
+
+class TrackingUnavailable(StoreUnusable):
+    """The MLflow tracking server does not answer when the command starts."""
+
+
+# Bounded HTTP behaviour for a remote store (MLflow's defaults retry for minutes); a user's own
+# MLFLOW_HTTP_* settings win.
+_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "15", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+                  "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+
+
+def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
+    """Fail fast, before anything runs, when an MLflow server does not answer."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    import requests
+
+    try:
+        requests.get(uri.rstrip("/") + "/health", timeout=timeout_s).raise_for_status()
+    except requests.RequestException as exc:
+        raise TrackingUnavailable(
+            f"MLflow tracking server {uri} is not reachable ({type(exc).__name__}); nothing was run. Start it "
+            "(e.g. `mlflow server --host 127.0.0.1 --port 5000`), fix tracking.uri in the spec, or unset it to "
+            "use the local sqlite:///mlflow.db"
+        ) from None
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The file of a `sqlite:///` store (relative to the working directory where the URI is), else None."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return Path(os.path.abspath(uri.removeprefix("sqlite:///").split("?", 1)[0]))
+
+
+def absolute_uri(uri: str, root: Path) -> str:
+    """`uri` with a relative sqlite path made absolute against `root` (MLflow would take the working
+    directory); any other URI as given."""
+    db = uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else None
+    if db is None or db.startswith("/") or db.startswith(":memory:"):
+        return uri
+    return f"sqlite:///{(root / db).resolve()}"
+
+
+def file_store_problem(uri: str) -> str | None:
+    """Why MLflow 3 will not open `uri` as a store: a `file://` URI or a bare path is its file store, in
+    maintenance mode (refused unless MLFLOW_ALLOW_FILE_STORE=true); None for any other store."""
+    scheme = urlparse(uri).scheme
+    if (scheme not in ("file", "") or uri.startswith("databricks")) or os.environ.get(
+            "MLFLOW_ALLOW_FILE_STORE", "").strip().lower() in ("true", "1"):
+        return None
+    return (f"{uri} is an MLflow file store, which MLflow 3 keeps in maintenance mode and refuses; use a sqlite "
+            "store (e.g. sqlite:///mlflow.db) or a server, or set MLFLOW_ALLOW_FILE_STORE=true to use it anyway")
+
+
+def open_store(uri: str, create: bool = True) -> Any:
+    """An `MlflowClient` of the store at `uri`, opened and usable (see the module doc); `create=False`
+    for a command that only reads: a sqlite file that does not exist is then refused, not created."""
+    from mlflow.tracking import MlflowClient
+
+    for key, value in _HTTP_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    check_reachable(uri)
+    refused = file_store_problem(uri)
+    if refused:
+        raise StoreUnusable(refused)
+    db = sqlite_path(uri)
+    if db is None:
+        client = MlflowClient(tracking_uri=uri)
+        client.search_experiments(max_results=1)  # a database server: its own errors are its own
+        return client
+    check_sqlite(db, create)
+    with creation_lock(db):
+        try:
+            client = MlflowClient(tracking_uri=uri)
+            client.search_experiments(max_results=1)  # opens (creates, migrates) the store now, under the lock
+        except Exception as exc:  # noqa: BLE001 - translated where known, else raised as it came
+            problem = sqlite_problem(db, exc)
+            if problem is None:
+                raise
+            raise StoreUnusable(problem) from None
+    return client
+
+
+def check_sqlite(db: Path, create: bool) -> None:
+    """What can be known of a sqlite store before MLflow opens it (each a `StoreUnusable`)."""
+    if not db.exists():
+        if not create:
+            raise StoreUnusable(f"there is no MLflow store at {db} (nothing was tracked there): check "
+                                "--tracking-uri, or run the command where the sweep ran")
+        folder = next((p for p in db.parents if p.exists()), None)
+        if folder is None or not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+            raise StoreUnusable(f"cannot create the MLflow store {db}: {folder} is not a writable folder; point "
+                                "tracking.uri (or --tracking-uri) at a writable place, e.g. sqlite:////tmp/mlflow.db")
+        return
+    if db.is_dir():
+        raise StoreUnusable(f"the MLflow store {db} is a folder, not a sqlite file; point tracking.uri at a file")
+    try:
+        with open(db, "rb") as f:
+            head = f.read(len(SQLITE_HEADER))
+    except OSError as exc:
+        raise StoreUnusable(f"cannot read the MLflow store {db} ({exc.strerror}); fix its permissions") from None
+    if head and head != SQLITE_HEADER:
+        raise StoreUnusable(f"{db} is not a sqlite database (its first bytes are not SQLite's): point "
+                            "tracking.uri at the right file, or move this one aside to start a new store there")
+    if head:
+        damage = _damage(db)
+        if damage:
+            raise StoreUnusable(f"the MLflow store {db} is damaged ({damage}): restore it from a copy, or move it "
+                                f"aside (mv {db} {db}.broken) and start a new store there; the sweeps' own folders "
+                                "(storage_path) are kept, but their MLflow runs are in the damaged file")
+    if create and not (os.access(db, os.W_OK) and os.access(db.parent, os.W_OK | os.X_OK)):
+        raise StoreUnusable(f"the MLflow store {db} is read-only here (a sweep writes to it; sqlite also needs its "
+                            "folder writable for its journal): fix the permissions, or use another store")
+
+
+def _damage(db: Path) -> str:
+    """sqlite's own word on the file's soundness ("" when sound): `PRAGMA quick_check`, read-only."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)) as con:
+            rows = con.execute("PRAGMA quick_check(1)").fetchall()
+    except sqlite3.DatabaseError as exc:
+        return str(exc)
+    return "" if rows == [("ok",)] else str(rows[0][0] if rows else "quick_check said nothing")
+
+
+@contextlib.contextmanager
+def creation_lock(db: Path) -> Iterator[None]:
+    """Holds `<db>.lock` exclusively while this process opens (creates, migrates) the store: another
+    process opening it at once waits here. Without a writable folder (a read-only store) no lock is
+    taken: nothing can be created there either."""
+    path = db.with_name(db.name + ".lock")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock; the file stays (removing it would race a waiting process)
+
+
+def sqlite_problem(db: Path, exc: BaseException) -> str | None:
+    """The one-line cause and fix for an error MLflow raised opening the sqlite store `db`; None when
+    it is not a known store problem."""
+    text = f"{exc} {exc.__cause__ or ''}"
+    if "readonly database" in text or "read-only file system" in text.lower():
+        return (f"the MLflow store {db} is read-only here (a sweep writes to it; sqlite also needs its folder "
+                "writable): fix the permissions, or use another store")
+    if "not a database" in text or "malformed" in text:
+        return (f"the MLflow store {db} is damaged ({'not a database' if 'not a database' in text else 'malformed'}): "
+                f"restore it from a copy, or move it aside (mv {db} {db}.broken) and start a new store there")
+    if "already exists" in text or "alembic" in text.lower():
+        runs = _count_runs(db)
+        keep = ("it holds no runs: remove it (rm " + str(db) + ") and run again" if not runs else
+                f"it holds {runs} run(s): keep a copy, then try `mlflow db upgrade sqlite:///{db}`, or move it aside "
+                "and start a new store")
+        return (f"the MLflow store {db} was left half-created (two processes created it at once, before this "
+                f"version locked its creation): {keep}")
+    if "unable to open database file" in text:
+        return f"cannot open the MLflow store {db}: is its folder writable and on a local disk?"
+    return None
+
+
+def _count_runs(db: Path) -> int:
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+            return int(con.execute("SELECT count(*) FROM runs").fetchone()[0])
+    except sqlite3.DatabaseError:
+        return 0
