@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -16,7 +17,8 @@ from ray import tune
 
 from sweeps.breaker import FailureStreak
 from sweeps.failures import failure_of
-from sweeps.outcome import MEASURED, TrialRow, end_status
+from sweeps.outcome import MEASURED, REPLICATE_TAG, TrialRow, end_status
+from sweeps.plan import SIZE, size_changes
 from sweeps.progress import Costs, TrialCost, progress_line
 from sweeps.search import grid_skips, knobs_of, oom_label, record_oom, shared
 from sweeps.sol import SpeedOfLight
@@ -89,7 +91,11 @@ class SweepCallback(tune.Callback):
         self.tracker.trial_started(trial.trial_id, row.number, params)
         row.run_id = self.tracker.run_id(trial.trial_id)
         shown = ", ".join(f"{k}={v}" for k, v in trial.config.items())
-        self.echo(f"[trial {row.number}/{self.spec.budget.num_trials}] {trial.trial_id} started: {shown}")
+        first = shared(self.token).replicate_of.get(trial.trial_id)
+        if first in self.rows:
+            row.replicate_of = self.rows[first].number
+        again = f" (a replicate of trial {row.replicate_of})" if row.replicate_of else ""
+        self.echo(f"[trial {row.number}/{self.spec.budget.num_trials}] {trial.trial_id} started{again}: {shown}")
 
     def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any) -> None:
         row = self.rows[trial.trial_id]
@@ -156,7 +162,7 @@ class SweepCallback(tune.Callback):
             self.queue.cancel.remote(trial_id)
         row = self.rows[trial_id]
         row.status, row.reason = status, reason
-        tags = {}
+        tags = {REPLICATE_TAG: str(row.replicate_of)} if row.replicate_of else {}
         if status in MEASURED:
             sol = self.speed_of_light.score_trial(row.metrics, row.params) if self.speed_of_light else {}
             if sol:  # against this hardware's measured peaks: logged like the trial's own metrics
@@ -164,7 +170,7 @@ class SweepCallback(tune.Callback):
                 self.tracker.trial_result(trial_id, sol, step=int(row.metrics.get(STEPS, 0)))
             v = verdict(row.metrics, row.params)
             row.verdict = str(v)
-            tags = {"sweep.verdict": v.name, "sweep.verdict_reason": v.reason}
+            tags |= {"sweep.verdict": v.name, "sweep.verdict_reason": v.reason}
         self.tracker.trial_ended(trial_id, status in (*MEASURED, "pruned"), status, reason, tags)
         row.run_id = row.run_id or self.tracker.run_id(trial_id)
         knobs = knobs_of(self.spec, row) if status == "oom" else {}
@@ -202,8 +208,30 @@ class SweepCallback(tune.Callback):
         slow = self.speed_of_light.emulated_precisions() \
             if self.speed_of_light is not None and not self.spec.scaling.use_gpu else frozenset()
         skipped = [str(k.get("precision")) for k in grid_skips(self.token, self.spec.fixed_knobs())]
+        group_s, restarts = self._restarts()
         return progress_line(self.spec, row, list(self.rows.values()), time.monotonic() - self.t0,
-                             Costs(ended, running, slow, skipped))
+                             Costs(ended, running, slow, skipped, group_s, restarts, shared(self.token).space_left))
+
+    def _restarts(self) -> tuple[float, float]:
+        """(what a warm group's start cost on this cluster, the restarts the trials to come are expected to
+        need): a restart's measured start where one was made, else the first group's."""
+        if self.queue is None:
+            return 0.0, 0.0
+        try:
+            starts = ray.get(self.queue.group_starts.remote(), timeout=10)
+        except Exception:  # noqa: BLE001 - only the ETA depends on it
+            return 0.0, 0.0
+        took = [s for _, s, why in starts if why != "first"] or [s for _, s, _ in starts]
+        if not took:
+            return 0.0, 0.0
+        n = max(0, self.spec.budget.num_trials - len(self.rows))
+        state = shared(self.token)
+        if state.runs is not None:
+            return statistics.fmean(took), state.runs.expected_restarts(n)
+        latest = max(self.rows.values(), key=lambda r: r.number, default=None)
+        current = int(latest.params["num_workers"]) if latest is not None and "num_workers" in latest.params else None
+        sizes = [int(p[SIZE]) for p in state.grid_left if SIZE in p][:n]
+        return statistics.fmean(took), float(size_changes(current, sizes))
 
     def _precision(self, trial_id: str) -> str:
         return str(self.rows[trial_id].params.get("precision"))

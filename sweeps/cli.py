@@ -67,6 +67,11 @@ def _print_outcome(outcome: Any, title: str) -> None:
     print(trials_table(outcome))
     if outcome.stopped_reason:
         print(f"\nSTOPPED EARLY: {outcome.stopped_reason}; {spec.budget.num_trials - len(outcome.trials)} trials not run")
+    if outcome.exhausted:
+        left = spec.budget.num_trials - len(outcome.trials)
+        print(f"\nSPACE EXHAUSTED: {outcome.exhausted}" + (f"; {left} of the budget's trials not run" if left else "")
+              + ("" if spec.search.when_exhausted == "replicate" or not left else
+                 " (search.when_exhausted: replicate spends them on the close calls)"))
     if outcome.interrupted:
         print(f"\nNOT FINISHED: {outcome.interrupted}. Finished trials are kept; continue with: {resume_command(spec)}")
     if spec.objective.multi:

@@ -18,6 +18,7 @@ def at_word(text: str, width: int) -> str:
     return head.rstrip(" ,;:—-") + "…"
 
 
+REPLICATE_TAG = "sweep.replicate_of"  # on a replicate's MLflow run: the number of the trial it ran again
 MEASURED = ("ok", "infeasible")  # ran to its final report: its figures are real (infeasible breaks a constraint)
 NOT_FAILED = (*MEASURED, "pruned", "stopped")  # ended early on purpose; nothing went wrong
 UNFINISHED = ("running", "interrupted")  # a resumed sweep runs these (again)
@@ -34,6 +35,7 @@ class TrialRow:
     verdict: str = ""  # "name: one-line reason" for finished trials
     metrics: dict[str, Any] = field(default_factory=dict)
     degraded: str = ""  # why its quality is worse than the fp32 reference's at equal data ("" when fine)
+    replicate_of: int | None = None  # the trial whose configuration it ran again (a replicate of a close call)
 
 
 def end_status(spec: SweepSpec, metrics: dict[str, Any], tripped: str, out_of_time: bool) -> tuple[str, str, list[str]]:
@@ -120,6 +122,7 @@ class SweepOutcome:
     elapsed_s: float
     stopped_reason: str = ""  # set when the circuit breaker stopped the sweep early
     interrupted: str = ""  # set when the sweep stopped before its end and can be resumed (why)
+    exhausted: str = ""  # set when the search ran out of configurations before num_trials (what it did then)
 
     def ranked(self) -> list[TrialRow]:
         """Finished, feasible trials, best first by the (first) objective; failed ones never rank."""

@@ -61,6 +61,8 @@ class Queue:
         self._began: dict[str, float] = {}  # trial -> when it was submitted, or taken if it had to wait for a group
         self._waited: set[str] = set()  # trials submitted while no group that takes them was waiting
         self._ended: dict[str, float] = {}  # trial -> when its group posted its final report
+        self._starting: dict[int, tuple[float, int, str]] = {}  # slot -> (since, size, why) of a group starting
+        self._starts: list[tuple[int, float, str]] = []  # each group's (size, seconds to its first take, why)
         self._closed = False
 
     # -- the Tune trial's side ---------------------------------------------------------------
@@ -95,10 +97,32 @@ class Queue:
             self._cv.notify_all()
 
     # -- the warm group's side ---------------------------------------------------------------
+    # -- group starts: what each cost, for the overhead line, the plan and the ETA ----------
+    def group_starting(self, slot: int, size: int, why: str) -> None:
+        """A slot's supervisor starts a group (`why`: "first", "resize" to another worker count, or
+        "replace" one that failed); its start ends when the group first asks for a trial."""
+        with self._cv:
+            self._starting[slot] = (time.time(), size, why)
+
+    def group_starts(self) -> list[tuple[int, float, str]]:
+        """Each group started so far: (its size, the seconds until it first asked for a trial, why)."""
+        with self._cv:
+            return list(self._starts)
+
+    def wait_started(self, timeout_s: float) -> list[tuple[int, float, str]]:
+        """`group_starts` once a first group is up (or `timeout_s` passed)."""
+        with self._cv:
+            self._cv.wait_for(lambda: bool(self._starts) or self._closed, timeout_s)
+            return list(self._starts)
+
     def take(self, slot: int, timeout_s: float, size: int = 0) -> Any:
         """The oldest waiting trial for a group of `size` ranks (0: any trial), CLOSED, RESIZE (this group
         should end: a group of another size is wanted, `size_for`), or None after `timeout_s`."""
         with self._cv:
+            if slot in self._starting:  # the group's ranks are up: its start-up ends here
+                since, started, why = self._starting.pop(slot)
+                self._starts.append((started, time.time() - since, why))
+                self._cv.notify_all()
             self._resizing.pop(slot, None)
             self._idle[slot] = size
             try:
@@ -235,17 +259,20 @@ class GroupSupervisor:
             workdir: str | None = None) -> int:
         from sweeps.trial import make_group_trainer
 
-        groups, size = 0, spec.first_workers()
+        groups, size, why = 0, spec.first_workers(), "first"
         while not ray.get(queue.is_closed.remote()):
             groups += 1
             size = int(ray.get(queue.size_for.remote(slot, size)))  # a group that ended to resize named it
+            ray.get(queue.group_starting.remote(slot, size, why))
             trainer = make_group_trainer(spec, queue, slot, f"{name}-slot{slot}-group{groups}", storage_path, workdir,
                                          size)
             try:
                 trainer.fit()
+                why = "resize"  # it ended for a group of another size (or the sweep is over)
             except Exception as exc:  # noqa: BLE001 - the served trial fails with it; a fresh group follows
                 ray.get(queue.group_failed.remote(slot, exc))
                 logger.info("slot %d: group %d retired (%s)", slot, groups, type(exc).__name__)
+                why = "replace"
                 time.sleep(0.5)
         return groups
 
@@ -271,12 +298,13 @@ class WarmPool:
         """Ask every group to finish (their Ray Train runs wind down meanwhile: see `join`)."""
         ray.get(self.queue.close.remote())
 
-    def join(self, timeout_s: float = 30.0) -> int:
+    def join(self, timeout_s: float = 30.0) -> list[tuple[int, float, str]]:
         """Close the pool and wait for its groups (a group still waiting for resources, e.g. the
-        replacement of one lost with its node, is stopped); returns how many groups were started."""
+        replacement of one lost with its node, is stopped); returns each group that started: (size,
+        seconds to start, why: first, resize, replace)."""
         self.close()
-        ready, _ = ray.wait(self.runs, num_returns=len(self.runs), timeout=timeout_s)
-        started = sum(ray.get(ready)) if ready else 0
+        ray.wait(self.runs, num_returns=len(self.runs), timeout=timeout_s)
+        starts = ray.get(self.queue.group_starts.remote())
         for actor in [*self.supervisors, self.queue]:
             ray.kill(actor)
-        return int(started)
+        return list(starts)

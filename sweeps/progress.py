@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from sweeps.outcome import MEASURED, NOT_FAILED, UNFINISHED, TrialRow, at_word
+from sweeps.plan import SIZE, SizeRuns, planned_trials, size_changes
 from sweeps.spec import CategoricalParam, FixedParam, SweepSpec
-from sweeps.verdict import cv_metric
-from trainables.contract import DATA_PREP_S, LOOP_S, TRIAL_IN_GROUP, WARMUP_S, WARMUP_STEPS_S, WINDOW_S
+from trainables.contract import DATA_PREP_S, LOOP_S, TRIAL_IN_GROUP, WARMUP_S, WARMUP_STEPS_S, WINDOW_S, cv_key_of
 
 REASON_WIDTH = 240  # a failure's reason in a progress line, shortened at a word (whole in MLflow and the final table)
 
@@ -63,16 +63,44 @@ class ProgressLine(str):
         return line
 
 
-def planned_cost(spec: SweepSpec) -> str:
+def planned_restarts(spec: SweepSpec) -> float:
+    """Warm-group restarts the whole sweep is expected to need to change its worker count: the runs of
+    `sweeps.plan.SizeRuns`, or the grid's order (the count varies slowest); 0 when it is not searched."""
+    runs = SizeRuns.of(spec) if spec.scaling.reuse_workers else None
+    if runs is not None:
+        return runs.expected_restarts(planned_trials(spec))
+    if spec.search.algorithm == "grid" and spec.space.num_workers is not None and spec.scaling.reuse_workers:
+        return float(size_changes(spec.first_workers(), [int(p[SIZE]) for p in spec.space.grid_points()]))
+    return 0.0
+
+
+def groups_planned(spec: SweepSpec, group_start_s: float | None) -> str:
+    """The planned cost's words on warm groups: how many starts, at what this cluster's first one took."""
+    if not spec.scaling.reuse_workers:
+        return ""
+    restarts = planned_restarts(spec)
+    groups = spec.budget.max_concurrent_trials + restarts
+    why = f" ({restarts:.3g} restart(s) to change the worker count, planned)" if restarts else ""
+    if group_start_s is None:
+        return f"; {groups:.3g} warm worker group start(s){why}, each measured when it starts"
+    return (f"; {groups:.3g} warm worker group start(s){why} x {group_start_s:.1f} s (the first one here) "
+            f"= {groups * group_start_s:.0f} s")
+
+
+def planned_cost(spec: SweepSpec, group_start_s: float | None = None) -> str:
     """What the sweep will cost, said before it starts: trials x the time-boxed trial, by concurrency (from
-    `min_window_s`'s floor to the boxes' ceiling where a floor is set, as on a GPU)."""
-    b, n, at_once = spec.budget, spec.budget.num_trials, spec.budget.max_concurrent_trials
+    `min_window_s`'s floor to the boxes' ceiling where a floor is set, as on a GPU), and the warm groups'
+    starts (`group_start_s`: what the first one took on this cluster)."""
+    b, n, at_once = spec.budget, planned_trials(spec), spec.budget.max_concurrent_trials
     floor, window, warmup = spec.trial_clock()
     rounds = math.ceil(n / at_once)
+    groups = groups_planned(spec, group_start_s)
+    if n < b.num_trials:  # the space has fewer configurations, and none runs twice
+        groups = f" (the space has {n} configurations; none runs twice){groups}"
     if not window:
         return (f"planned: {n} trial(s), {at_once} at a time; their length is not time-boxed (it follows "
                 f"{'the data budget' if b.num_items else 'the target' if spec.objective.target else 'num_steps'}), "
-                "so the ETA follows the trials as they finish")
+                f"so the ETA follows the trials as they finish{groups}")
     boxed = window + warmup
     if floor:  # budget.min_window_s (10 s on a GPU): a trial run to its end measures between the floor and the box
         span = f"{floor:g}-{window:g}" if floor < window else f"{window:g}"
@@ -83,7 +111,7 @@ def planned_cost(spec: SweepSpec) -> str:
         each = (f"<= {warmup:g} s of warm-up + <= {window:g} s measured (budget.max_warmup_s / max_window_s): "
                 f"{rounds} x {boxed:g} s = {rounds * boxed:.0f} s")
     return (f"planned: {n} trial(s), {at_once} at a time, each time-boxed to {each} of training, plus each trial's "
-            "start-up and validation (measured by the first trial: the ETA uses what each finished trial cost)")
+            f"start-up and validation (measured by the first trial: the ETA uses what each finished trial cost){groups}")
 
 
 @dataclass(frozen=True)
@@ -134,6 +162,11 @@ class Costs:
     running: list[tuple[str, float]] = field(default_factory=list)
     emulated: frozenset[str] = frozenset()
     skipped: list[str] = field(default_factory=list)
+    # warm groups: what one took to start on this cluster, and how many restarts the trials to come are expected
+    # to need (a change of worker count: `sweeps.plan.SizeRuns.expected_restarts`, grid's order)
+    group_start_s: float = 0.0
+    restarts: float = 0.0
+    space_left: int | None = None  # configurations the search has yet to hand out (a finite space that stops)
 
 
 def upcoming(spec: SweepSpec, rows: list[TrialRow], skipped: list[str] | None = None) -> list[str | None]:
@@ -200,13 +233,17 @@ def price_s(spec: SweepSpec, precision: str | None, costs: Costs) -> float:
 
 
 def remaining_s(spec: SweepSpec, rows: list[TrialRow], costs: Costs) -> float:
-    """Seconds the sweep still needs: each trial not yet started costs its `price_s`, each running one what
-    is left of its price, `max_concurrent_trials` at a time, and never less than the running trial with the
-    most left. nan before any trial ended."""
+    """Seconds the sweep still needs: each trial not yet started costs its `price_s` (as many as the space
+    has left), each running one what is left of its price, each expected restart of a warm group what a
+    group's start cost here, `max_concurrent_trials` at a time, and never less than the running trial with
+    the most left. nan before any trial ended."""
     if not costs.ended:
         return math.nan
     left = [max(0.0, price_s(spec, p, costs) - t) for p, t in costs.running]
-    waiting = sum(price_s(spec, p, costs) for p in upcoming(spec, rows, costs.skipped))
+    to_come = upcoming(spec, rows, costs.skipped)
+    if costs.space_left is not None:  # the search stops when the space runs out
+        to_come = to_come[:costs.space_left]
+    waiting = sum(price_s(spec, p, costs) for p in to_come) + costs.restarts * costs.group_start_s
     # no sooner than the running trial with the most left: slots do not share one trial's time
     return max(max(left, default=0.0), (waiting + sum(left)) / spec.budget.max_concurrent_trials)
 
@@ -237,7 +274,7 @@ def progress_line(spec: SweepSpec, row: TrialRow, rows: list[TrialRow], elapsed:
     status = sweep_status(spec, rows, elapsed, costs)
     metric = spec.objective.primary
     if row.status in MEASURED:
-        key = cv_metric(metric)
+        key = cv_key_of(metric)
         cv = row.metrics.get(key) if key else None
         spread = f" (cv {cv:.1f}% over its window)" if isinstance(cv, (int, float)) else ""
         what = f"{metric}={row.metrics.get(metric, float('nan')):.4g}{spread} [{row.verdict.split(':')[0]}]"
@@ -295,13 +332,29 @@ def _total(rows: list[TrialRow], key: str) -> float:
     return sum(float(r.metrics[key]) for r in rows if isinstance(r.metrics.get(key), (int, float)))
 
 
-def overhead_line(rows: list[TrialRow], wall_s: float, groups: int | None, probe_s: float = 0.0) -> str:
+def groups_said(starts: list[tuple[int, float, str]], trials: int) -> str:
+    """The warm groups a sweep started and what they cost: "warm worker groups: 3 started for 12 trial(s)
+    (2 restarts to change the worker count, 9.1 s each; the first 12.2 s)"."""
+    text = f"warm worker groups: {len(starts)} started for {trials} trial(s)"
+    parts = []
+    for why, what in (("resize", "to change the worker count"), ("replace", "to replace a failed group")):
+        took = [s for _, s, w in starts if w == why]
+        if took:
+            parts.append(f"{len(took)} restart{'s' if len(took) != 1 else ''} {what}, {statistics.fmean(took):.1f} s each")
+    first = [s for _, s, w in starts if w == "first"]
+    if first:
+        parts.append(f"the first {statistics.fmean(first):.1f} s")
+    return text + (f" ({'; '.join(parts)})" if parts else "")
+
+
+def overhead_line(rows: list[TrialRow], wall_s: float, groups: list[tuple[int, float, str]] | None,
+                  probe_s: float = 0.0) -> str:
     """Where the sweep's wall time went: the memory probe, the trials' own loops (warm-up with any
     compilation, the measured windows, validation and the rest) and what is left, the service's own
     cost (scheduling, worker start-up, tracking), per trial that ran. A trial that failed before its
-    final report has no loop time: its time falls in the service's share, and the line says so."""
-    mode = (f"warm worker groups: {groups} started for {len(rows)} trial(s)" if groups is not None
-            else "one Ray Train run per trial")
+    final report has no loop time: its time falls in the service's share, and the line says so.
+    `groups`: each warm group started (size, seconds to start, why), None without warm groups."""
+    mode = groups_said(groups, len(rows)) if groups is not None else "one Ray Train run per trial"
     ended = [r for r in rows if isinstance(r.metrics.get(LOOP_S), (int, float))]
     if not ended:
         return f"{mode}; no trial ran its loop to the end, so no overhead figure"

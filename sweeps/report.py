@@ -23,10 +23,10 @@ from typing import Any
 
 import yaml
 
-from sweeps.outcome import MEASURED, SweepOutcome, TrialRow
+from sweeps.outcome import MEASURED, REPLICATE_TAG, SweepOutcome, TrialRow
 from sweeps.quality import DEGRADED_TAG, efficiency, scaling_twin, workers
 from sweeps.spec import KNOBS, PARAMS_PREFIX, CategoricalParam, FixedParam, IntParam, Param, Scalar
-from sweeps.verdict import noise_tie, revise_verdicts
+from sweeps.verdict import noise_tie, revise_verdicts, sweep_effects
 from trainables.contract import (
     ALLREDUCE_WAIT_PCT,
     DATA_WAIT_PCT,
@@ -142,10 +142,25 @@ def trials_table(outcome: SweepOutcome) -> str:
         lines.append("\nBottleneck verdicts:")
         lines += [f"  trial {t.number}: {t.verdict}" for t in ranked]
     lines += [f"  trial {t.number} degraded: {degraded(t)}" for t in outcome.trials if t.status in MEASURED and degraded(t)]
+    said = effects_said(outcome)
+    if said:
+        lines.append(f"\nMeasured effects across the sweep ({said[0]}):")
+        lines += [f"  {line}" for line in said[1:]]
     for t in outcome.trials:
         if t not in ranked and t.reason:
             lines.append(f"  trial {t.number} {t.status}: {t.reason}")
     return "\n".join(lines)
+
+
+def effects_said(outcome: SweepOutcome) -> list[str]:
+    """Each searched knob's measured effect on the objective (`sweeps.effects`): first how it was found,
+    then one line per level; empty where the trials cannot separate the knobs."""
+    fx = sweep_effects(outcome)
+    if fx is None:
+        return []
+    measured = sum(t.status in MEASURED for t in outcome.trials)
+    return [f"a fit of log {outcome.spec.objective.primary} over the {measured} measured trials, 95% intervals",
+            *(str(e) for e in fx.table())]
 
 
 def pareto_table(outcome: SweepOutcome) -> str:
@@ -236,6 +251,7 @@ def rows_from_runs(children: list[Any]) -> list[TrialRow]:
         row = TrialRow(tags.get("sweep.trial_id", child.info.run_id), number, params, child.info.run_id,
                        tags.get("sweep.status", "running"), tags.get("sweep.failure_reason", ""), verdict, metrics)
         row.degraded = tags.get(DEGRADED_TAG, "")  # the reason sweeps.quality tagged it with
+        row.replicate_of = int(tags[REPLICATE_TAG]) if tags.get(REPLICATE_TAG, "").isdigit() else None
         rows.append(row)
     return sorted(rows, key=lambda r: r.number)
 
@@ -264,7 +280,7 @@ def load_outcome(client: Any, name_or_run_id: str) -> SweepOutcome:
     elapsed = ((parent.info.end_time or parent.info.start_time) - parent.info.start_time) / 1000
     tags = parent.data.tags
     outcome = SweepOutcome(spec, run_id, client.tracking_uri, rows, elapsed, tags.get("sweep.stopped", ""),
-                           tags.get("sweep.interrupted", ""))
+                           tags.get("sweep.interrupted", ""), tags.get("sweep.exhausted", ""))
     revise_verdicts(outcome)  # as the sweep does at its end; a no-op where it logged its revision
     return outcome
 
@@ -276,6 +292,7 @@ def to_json(outcome: SweepOutcome) -> dict[str, Any]:
         "parent_run_id": outcome.parent_run_id,
         "stopped_early": outcome.stopped_reason or None,
         "interrupted": outcome.interrupted or None,
+        "exhausted": outcome.exhausted or None,
         "objective": {"metric": outcome.spec.objective.metric, "mode": outcome.spec.objective.mode,
                       "constraints": [str(c) for c in outcome.spec.objective.constraints]},
         "answer": answer(outcome),
@@ -390,12 +407,17 @@ def answer(outcome: SweepOutcome) -> str:
         text += f" {tie[0].upper()}{tie[1:]}."
     if best.verdict:
         text += f" Verdict: *{best.verdict}*."
+    said = effects_said(outcome)
+    if said:
+        text += f" Measured effects across the sweep ({said[0]}): " + "; ".join(said[1:]) + "."
     if degraded(best):
         text += f" Caution, its result is degraded: {degraded(best)}."
     if outcome.stopped_reason:
         text += f" The sweep stopped early: {outcome.stopped_reason}."
     if outcome.interrupted:
         text += f" Not finished: {outcome.interrupted}."
+    if outcome.exhausted:
+        text += f" The search ran out of configurations: {outcome.exhausted}."
     return text + " The full report: the `report/summary.html` artifact."
 
 

@@ -128,7 +128,6 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
         )
         SweepState(spec_text, token, parent, uri).write(exp_dir)
         echo(concurrency_note(spec, ray.cluster_resources()))
-        echo(planned_cost(spec))
         echo(f"sweep {spec.name}: {spec.budget.num_trials} trials, objective {spec.objective.describe()}; "
              f"MLflow parent run {parent} at {uri}")
         callback = SweepCallback(spec, tracker, echo, token)
@@ -150,6 +149,8 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
     callback.speed_of_light = SpeedOfLight.for_sweep(uri)  # before the trials: a quick measurement competes with none
     for key, source in callback.speed_of_light.sources.items():
         echo(f"speed of light for {key}: {source}")
+    if state is None:  # a new sweep: what it will cost, with a warm group's start measured on this cluster
+        echo(planned_cost(spec, _first_group_s(pool)))
     ok = hurried = False
     try:
         if pool is not None and spec.search.probe_batch_size:  # before the search: bounds what it proposes
@@ -178,13 +179,22 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
     return outcome
 
 
+def _first_group_s(pool: WarmPool | None, timeout_s: float = 120.0) -> float | None:
+    """What the pool's first warm group took to start (waiting for it, at most `timeout_s`: an autoscaling
+    cluster may still be adding its nodes); None without a pool or in time."""
+    if pool is None:
+        return None
+    starts = ray.get(pool.queue.wait_started.remote(timeout_s))
+    return float(starts[0][1]) if starts else None
+
+
 def _conclude(spec: SweepSpec, callback: SweepCallback, tracker: SweepTracker, echo: Callable[[str], None],
               token: str, parent: str, uri: str, ok: bool, wall: float, probe_tags: dict[str, str],
               report: bool = True) -> SweepOutcome:
     """The trials are over (or the sweep was stopped): settle the unfinished ones, write the sweep-level
     figures and the parent run's answer to MLflow, and publish the report."""
     _LIVE.pop(token, None)
-    tripped = shared(token).tripped
+    tripped, exhausted_said = shared(token).tripped, shared(token).exhausted
     release(token)
     # Tune stopped early (a halt, Ctrl+C) and kept its unfinished trials for resume; or it failed.
     interrupted = "" if ok and not callback.unfinished() else (
@@ -197,8 +207,9 @@ def _conclude(spec: SweepSpec, callback: SweepCallback, tracker: SweepTracker, e
         else:  # Tune never recorded it (the driver died between starting it and saving its state)
             row.status, row.reason = "lost", "the sweep driver died before Tune recorded this trial; another ran in its place"
         tracker.trial_ended(row.trial_id, False, row.status, row.reason, {})
+    exhausted = exhausted_said if not interrupted else ""
     outcome = SweepOutcome(spec, parent, uri, sorted(callback.rows.values(), key=lambda r: r.number),
-                           wall, tripped, interrupted)
+                           wall, tripped, interrupted, exhausted)
     quality_note, quality_updates = annotate(outcome)  # guardrail and predicted time to target: across trials
     for run_id, tags in revise_verdicts(outcome).items():  # next steps another trial measured worse: cited
         metrics, logged = quality_updates.get(run_id, ({}, {}))
@@ -211,6 +222,8 @@ def _conclude(spec: SweepSpec, callback: SweepCallback, tracker: SweepTracker, e
         tags["sweep.stopped"] = tripped[:5000]
     if interrupted:
         tags["sweep.interrupted"] = interrupted[:5000]
+    if exhausted:
+        tags["sweep.exhausted"] = exhausted[:5000]
     if best is not None and best.run_id:
         tags["sweep.best_run_id"] = best.run_id
     tags["sweep.quality_guardrail"] = quality_note

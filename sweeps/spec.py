@@ -467,6 +467,14 @@ class SearchSpec(BaseModel):
                                    "that fits for every combination of precision, compile and categorical params "
                                    "(a few steps per candidate, binary search on the warm workers); a batch the "
                                    "probe saw fail is never run unless the probe measured that combination")
+    when_exhausted: Literal["stop", "replicate"] = Field(
+        default="stop", description="a configuration is never run twice; when every configuration of a finite "
+        "space has run before num_trials: stop (and say so), or replicate: spend the rest on replicates of the "
+        "best configuration and those within noise of it (a close call settled by more measurements)")
+    trials_per_size: int | None = Field(
+        default=None, ge=1, description="with num_workers searched by tpe or random: trials run back to back on one "
+        "worker count before the search may change it (each change restarts a warm worker group); default "
+        "num_trials / (worker counts + 1): one run per count, then runs of the count the sampler picks")
 
 
 GPU_MIN_WINDOW_S = 10.0

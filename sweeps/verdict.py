@@ -66,12 +66,14 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from sweeps.effects import Effects, worse
 from sweeps.outcome import MEASURED, SweepOutcome, TrialRow
 from sweeps.outcome import number as _number
 from sweeps.outcome import same as _same
 from sweeps.outcome import twins as _twins
 from sweeps.quality import efficiency, scaling_twin, throughput, workers
 from sweeps.sol import H2D_BW_PCT, INPUT_SOL_PCT, SOL_PCT, emulated, held_to, of_fp32_pct  # against doctor figures
+from sweeps.spec import PARAMS_PREFIX
 from trainables.contract import (
     ALLREDUCE_WAIT_PCT,
     CPU_LOADERS_PCT,
@@ -81,8 +83,7 @@ from trainables.contract import (
     MEM_HEADROOM_GIB,
     MEM_TOTAL_GIB,
     THROUGHPUT_UNITS,
-    per_worker_throughput_key,
-    throughput_cv_key,
+    cv_key_of,
     throughput_key,
 )
 
@@ -262,10 +263,13 @@ def _cpu_verdict(metrics: dict[str, Any], params: dict[str, Any], wait: float | 
         return Verdict("compute-bound", f"the rank's core(s) are saturated: {how} of {cores:.0f} core(s) busy{peak}, "
                        f"data wait {wait or 0:.0f}%", tuple(moves))
     if busy < CPU_BUSY_FRACTION * 100:  # not even one core kept busy: the rank waits on something else
-        moves = [_larger_batch(params, " (fewer all-reduces per sample)"), *emulation]
+        ranks = _number(params.get("num_workers"))
+        alone = ranks is not None and ranks < 2  # one rank: no all-reduce to wait in
+        moves = [_larger_batch(params, "" if alone else " (fewer all-reduces per sample)"), *emulation]
+        waits = ("for a core another process holds" if alone else
+                 "for the other ranks in the gradient all-reduce or for a core another process holds")
         return Verdict("underutilised", f"only {how} of {cores:.0f} core(s) busy{peak}, data wait "
-                       f"{wait or 0:.0f}%: the rest of each step the rank sits idle, waiting for the other ranks in "
-                       "the gradient all-reduce or for a core another process holds", tuple(moves))
+                       f"{wait or 0:.0f}%: the rest of each step the rank sits idle, waiting {waits}", tuple(moves))
     return None
 
 
@@ -312,18 +316,11 @@ _SPEED_METRICS = ("throughput/", "time/", "perf/", "predict/time")  # objectives
 MAX_TAG_LEN = 5000
 
 
-def cv_metric(metric: str) -> str | None:
-    """The sub-window spread the loop reports for a throughput metric (global or per worker: the same
-    spread, one is the other over the world size); None for any other metric."""
-    unit = next((u for u in THROUGHPUT_UNITS if metric in (throughput_key(u), per_worker_throughput_key(u))), None)
-    return throughput_cv_key(unit) if unit is not None else None
-
-
 def noise_tie(a: TrialRow, b: TrialRow, metric: str) -> tuple[float, float, float] | None:
     """(gap %, cv of a, cv of b) when the two trials' `metric` differ by less than the larger of their
     sub-window spreads (the gap relative to the lower value): a tie, not a finding. None when they
     are apart, or a figure is missing (never a guessed spread)."""
-    key = cv_metric(metric)
+    key = cv_key_of(metric)
     va, vb = _number(a.metrics.get(metric)), _number(b.metrics.get(metric))
     cv_a, cv_b = (_number(a.metrics.get(key)), _number(b.metrics.get(key))) if key else (None, None)
     if va is None or vb is None or cv_a is None or cv_b is None or min(abs(va), abs(vb)) <= 0:
@@ -423,23 +420,48 @@ def _confirm(t: TrialRow, move: Move, rows: list[TrialRow]) -> str | None:
     return f"{move.claim}: {_figure(key, mine)} vs {theirs}"
 
 
-def revise(rows: list[TrialRow], metric: str, mode: str) -> dict[str, Verdict]:
+def revise(rows: list[TrialRow], metric: str, mode: str, effects: Effects | None = None) -> dict[str, Verdict]:
     """Each measured trial's verdict (by trial_id) with the moves a twin measured worse replaced by that
-    evidence, and the claims of those a twin measured faster said; `metric` and `mode` ("max"/"min") are
-    the objective's primary ones."""
+    evidence, then those the sweep's measured `effects` (`sweeps.effects`) say are clearly worse replaced by
+    the effect, and the claims of the moves a twin measured faster said; `metric` and `mode` ("max"/"min")
+    are the objective's primary ones."""
     first = {t.trial_id: verdict(t.metrics, t.params) for t in rows if t.status in MEASURED}
     by_id = {t.trial_id: t for t in rows}
     refuted: dict[str, list[tuple[Move, TrialRow]]] = {}
+    by_effect: dict[str, list[tuple[Move, str]]] = {}
     for t in rows:
         if t.trial_id in first:
             found = [(m, _evidence(t, m, rows, metric, mode)) for m in first[t.trial_id].moves if m.knob]
             refuted[t.trial_id] = [(m, e) for m, e in found if e is not None]
-    kept = {tid: dataclasses.replace(v, moves=tuple(m for m in v.moves if m not in {r for r, _ in refuted[tid]}),
+            twins = {m for m, _ in refuted[t.trial_id]}
+            said = [(m, _effect_against(t, m, effects, mode)) for m in first[t.trial_id].moves if m.knob and m not in twins]
+            by_effect[t.trial_id] = [(m, why) for m, why in said if why]
+    dropped = {tid: {m for m, _ in refuted[tid]} | {m for m, _ in by_effect[tid]} for tid in first}
+    kept = {tid: dataclasses.replace(v, moves=tuple(m for m in v.moves if m not in dropped[tid]),
                                      confirmed=tuple(c for m in v.moves if m.claim and (c := _confirm(by_id[tid], m, rows))))
             for tid, v in first.items()}
-    return {tid: dataclasses.replace(v, measured=tuple(_cite(by_id[tid], m, e, metric, kept) for m, e in refuted[tid]),
-                                     scaling=scaling_note(by_id[tid], rows))
+    return {tid: dataclasses.replace(v, measured=tuple(_cite(by_id[tid], m, e, metric, kept) for m, e in refuted[tid])
+                                     + tuple(why for _, why in by_effect[tid]), scaling=scaling_note(by_id[tid], rows))
             for tid, v in kept.items()}
+
+
+def _effect_against(t: TrialRow, move: Move, effects: Effects | None, mode: str) -> str:
+    """The sweep's measured effect of `move` from `t`, where it is clearly worse: the move's citation
+    instead ("precision bf16-mixed measured 0.47x of 32 across the sweep ..."); "" otherwise."""
+    if effects is None:
+        return ""
+    here = t.params.get(move.knob)
+    there: Any = move.toward
+    if move.toward == ON:
+        there = "True"
+    elif move.toward in (UP, DOWN):
+        there = effects.neighbour(move.knob, here, up=move.toward == UP)
+    effect = effects.between(move.knob, here, there) if there is not None else None
+    if effect is None or not worse(effect, mode):
+        return ""
+    return (f"{_setting(move.knob, there)} measured {effect.ratio:.2f}x of {_setting(move.knob, here)} across the "
+            f"sweep (95% {effect.low:.2f}-{effect.high:.2f}x, fitted over {effect.n_value} + {effect.n_reference} "
+            "trials at the two settings)")
 
 
 def scaling_note(t: TrialRow, rows: list[TrialRow]) -> str:
@@ -453,6 +475,14 @@ def scaling_note(t: TrialRow, rows: list[TrialRow]) -> str:
             f"(trial {twin.number}: {_figure(key, theirs)} vs {_figure(key, mine)} at {n})")
 
 
+def sweep_effects(outcome: SweepOutcome) -> Effects | None:
+    """The searched knobs' effects on the objective across the sweep's measured trials (`sweeps.effects`),
+    by the names the trials logged them under (`params.<name>` as `workload.<name>`)."""
+    knobs = [f"workload.{k.removeprefix(PARAMS_PREFIX)}" if k.startswith(PARAMS_PREFIX) else k
+             for k in outcome.spec.space.searched()]
+    return Effects.fit(outcome.trials, knobs, outcome.spec.objective.primary)
+
+
 def revise_verdicts(outcome: SweepOutcome) -> dict[str, dict[str, str]]:
     """Revise every finished trial's verdict against the whole sweep, in place (`row.verdict`), and return
     the tags to log again on the child runs whose verdict changed (run_id -> tags).
@@ -461,7 +491,7 @@ def revise_verdicts(outcome: SweepOutcome) -> dict[str, dict[str, str]]:
     text is the one-trial verdict, or a revision of it (a resumed sweep revises again with its new
     trials). A verdict logged by other rules (an older version) is left as it was logged."""
     obj = outcome.spec.objective
-    revised = revise(outcome.trials, obj.primary, obj.primary_mode)
+    revised = revise(outcome.trials, obj.primary, obj.primary_mode, sweep_effects(outcome))
     updates: dict[str, dict[str, str]] = {}
     for row in outcome.trials:
         v = revised.get(row.trial_id)

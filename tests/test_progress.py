@@ -99,17 +99,23 @@ def test_the_overhead_line_splits_probe_warm_up_and_the_services_own_cost() -> N
     # the H100 probe sweep's shape: 4 loops ended (74.8 s in all), one trial failed oom, a 40 s probe
     rows = [ended(20.0, 12.0, 6.0), ended(18.8, 10.0, 6.0), ended(18.0, 9.0, 6.0), ended(18.0, 9.0, 6.0),
             TrialRow("f", 5, {}, status="oom")]
-    line = overhead_line(rows, 185.6, 1, probe_s=40.0)
-    assert line == ("warm worker groups: 1 started for 5 trial(s); sweep wall 185.6 s = memory probe 40.0 s + trial "
+    one = [(2, 12.2, "first")]
+    line = overhead_line(rows, 185.6, one, probe_s=40.0)
+    assert line == ("warm worker groups: 1 started for 5 trial(s) (the first 12.2 s); sweep wall 185.6 s = memory probe 40.0 s + trial "
                     "loops 74.8 s (warm-up incl. compile 40.0 s, measured 24.0 s, validation and the rest 10.8 s) + "
                     "the service's own 70.8 s, 14.2 s per trial; 1 trial(s) without a final report count in the "
                     "service's share")
-    assert overhead_line(rows[:4], 50.0, 2) == (  # two at a time: the loops overlap in wall time
-        "warm worker groups: 2 started for 4 trial(s); sweep wall 50.0 s, trial loops 74.8 s in all (warm-up incl. "
+    two = [(2, 12.0, "first"), (2, 13.0, "first")]
+    assert overhead_line(rows[:4], 50.0, two) == (  # two at a time: the loops overlap in wall time
+        "warm worker groups: 2 started for 4 trial(s) (the first 12.5 s); sweep wall 50.0 s, trial loops 74.8 s in all (warm-up incl. "
         "compile 40.0 s, measured 24.0 s, validation and the rest 10.8 s): the trials overlapped, so the service's "
         "own cost cannot be told apart")
     rows[0].metrics["time/data_prep_s"] = 9.7  # the first trial wrote the node's data files during its build
-    assert "(warm-up incl. compile 40.0 s, of it 9.7 s making data, measured 24.0 s," in overhead_line(rows, 185.6, 1)
+    assert "(warm-up incl. compile 40.0 s, of it 9.7 s making data, measured 24.0 s," in overhead_line(rows, 185.6, one)
+    churn = [(1, 12.0, "first"), (2, 9.0, "resize"), (1, 7.0, "resize"), (2, 8.0, "replace")]
+    assert overhead_line(rows, 185.6, churn).startswith(
+        "warm worker groups: 4 started for 5 trial(s) (2 restarts to change the worker count, 8.0 s each; 1 restart to "
+        "replace a failed group, 8.0 s each; the first 12.0 s); ")
     assert overhead_line([TrialRow("f", 1, {}, status="oom")], 10.0, None) == (
         "one Ray Train run per trial; no trial ran its loop to the end, so no overhead figure")
 
@@ -259,3 +265,25 @@ def test_the_eta_is_never_shorter_than_what_the_longest_running_trial_has_left()
     # two slots, nothing waiting: one trial 2 s in, one 8 s in, each priced at 10 s
     costs = Costs([TrialCost("32", 10.0)], running=[("32", 2.0), ("32", 8.0)])
     assert remaining_s(two, rows, costs) == 8.0  # not (8 + 2) / 2: one trial's 8 s are not shared by the slots
+
+
+def test_the_eta_prices_the_restarts_the_plan_expects_and_stops_where_the_space_does() -> None:
+    from sweeps.plan import SizeRuns
+    from sweeps.progress import Costs, TrialCost, planned_cost, remaining_s
+
+    spec = parse_spec("name: p\ntrainable: {name: mlp-tabular}\nspace:\n  num_workers: {type: categorical, choices: "
+                      "[1, 2]}\n  batch_size: {type: categorical, choices: [16, 32, 64]}\nbudget: {num_trials: 12, "
+                      "num_steps: 2}\n")
+    runs = SizeRuns.of(spec)
+    assert runs is not None and runs.run_length == 4  # 12 / (2 counts + 1)
+    runs.handed(1)  # trial 1 ran on the pool's first group, 1 rank
+    assert runs.upcoming(11) == [1, 1, 1, 2, 2, 2, 2, None, None, None, None]
+    assert runs.expected_restarts(11) == 1.5  # to 2 ranks, then half a chance at the free run's start
+    rows = [TrialRow("a", 1, {"precision": "32"}, status="ok")]
+    costs = Costs([TrialCost("32", 5.0)], group_start_s=8.0, restarts=runs.expected_restarts(11))
+    assert remaining_s(spec, rows, costs) == 11 * 5.0 + 1.5 * 8.0
+    # the space has 6 configurations: the search stops after them (search.when_exhausted: stop)
+    stopping = Costs([TrialCost("32", 5.0)], space_left=5)
+    assert remaining_s(spec, rows, stopping) == 5 * 5.0
+    assert "planned: 6 trial(s)" in planned_cost(spec, 8.0) and "(the space has 6 configurations; none runs twice)" \
+        in planned_cost(spec, 8.0)

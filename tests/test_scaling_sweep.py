@@ -63,3 +63,26 @@ def test_one_and_two_ranks_in_one_sweep_on_warm_groups_of_both_sizes(ray_cluster
     assert best is not None
     assert f"it runs on **{best.params['num_workers']} rank" in answer(outcome)
     assert f"num_workers: {best.params['num_workers']}" in best_fragment(outcome)
+
+
+def test_tpe_over_the_worker_count_holds_it_never_repeats_and_says_when_the_space_ran_out(
+        ray_cluster: None, tmp_path: Path, new_store: Callable[[Path], Path]) -> None:
+    """TPE with 6 trials over the grid's 4 points: each runs once (TPE alone proposed repeats), the worker
+    count is held in runs (6 / (2 + 1) = 2 trials: one group per count, one restart, counted and priced),
+    then the search stops and says so."""
+    new_store(tmp_path / "ranks.db")
+    text = RANKS.format(db=tmp_path / "ranks.db", storage=tmp_path / "tpe").replace(
+        "algorithm: grid", "algorithm: tpe").replace("num_trials: 4", "num_trials: 6").replace("name: ranks", "name: tpe")
+    lines: list[str] = []
+    outcome = run_sweep(parse_spec(text), text, echo=lines.append)
+    assert [t.status for t in outcome.trials] == ["ok"] * 4, [(t.status, t.reason) for t in outcome.trials]
+    configs = [(t.params["num_workers"], t.params["batch_size"]) for t in outcome.trials]
+    assert len(set(configs)) == 4 and [n for n, _ in configs] == [1, 1, 2, 2], configs
+    assert outcome.exhausted == "every one of the space's 4 configurations has run (4 trials)"
+    planned = next(line for line in lines if line.startswith("planned: "))
+    assert "; 2 warm worker group start(s) (1 restart(s) to change the worker count, planned) x " in planned, planned
+    said = next(line for line in lines if line.startswith("warm worker groups: "))
+    assert said.startswith("warm worker groups: 2 started for 4 trial(s) (1 restart to change the worker count, "), said
+    client = MlflowClient(f"sqlite:///{tmp_path / 'ranks.db'}")
+    assert client.get_run(outcome.parent_run_id).data.tags["sweep.exhausted"] == outcome.exhausted
+    assert "The search ran out of configurations: every one of the space's 4" in answer(outcome)

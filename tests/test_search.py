@@ -44,11 +44,12 @@ def test_no_batch_at_or_above_an_oom_bound_is_proposed(token: str) -> None:
     proposals = [search.suggest(f"t{i}") for i in range(30)]
     for i in range(30):
         search.on_trial_complete(f"t{i}", {TPUT: 1.0, FINAL: 1})
-    assert all(isinstance(p, dict) for p in proposals)
-    fp32 = [p["batch_size"] for p in proposals if p["precision"] == "32"]
-    bf16 = [p["batch_size"] for p in proposals if p["precision"] == "bf16-mixed"]
-    assert fp32 and max(fp32) < 64  # bounded for fp32 ...
-    assert bf16 and max(bf16) >= 64  # ... and only for fp32
+    ran = [p for p in proposals if isinstance(p, dict)]
+    assert proposals[len(ran):] == [search.FINISHED] * (30 - len(ran))  # the space ran out, none twice
+    fp32 = sorted(p["batch_size"] for p in ran if p["precision"] == "32")
+    bf16 = sorted(p["batch_size"] for p in ran if p["precision"] == "bf16-mixed")
+    assert fp32 == [16, 32]  # bounded for fp32 ...
+    assert bf16 == [16, 32, 64, 128]  # ... and only for fp32
     skipped = [t for t in search.study.trials if t.constraints.get("fits", 0) > 0]
     assert skipped and all(t.state == optuna.trial.TrialState.COMPLETE for t in skipped)  # told, not dropped
 
@@ -66,11 +67,12 @@ def test_errored_trials_are_told_once_classified(token: str) -> None:
     search.on_trial_complete("oom", error=True)  # Tune tells the searcher before the callback classifies
     search.on_trial_complete("crash", error=True)
     search.on_trial_complete("ok", {TPUT: 5.0, FINAL: 1})
-    states = {t.number: t.state for t in search.study.trials}
+    own = lambda: [t for t in search.study.trials if "repeat_of" not in t.user_attrs]  # noqa: E731 - not the repeats told
+    states = [t.state for t in own()]
     assert states[0] == states[1] == optuna.trial.TrialState.RUNNING  # not yet told
     shared(token).failures.update({"oom": "oom", "crash": "crash"})
     search.suggest("next")
-    trials = search.study.trials
+    trials = own()
     assert trials[0].state == optuna.trial.TrialState.COMPLETE and trials[0].constraints == {"fits": 1.0}
     assert trials[1].state == optuna.trial.TrialState.FAIL  # a crash says nothing about the configuration
     assert trials[2].value == 5.0 and trials[2].constraints == {"fits": 0.0}
@@ -240,3 +242,93 @@ def test_the_searcher_is_tunes_public_searcher_and_its_state_survives_save_resto
     again.restore(str(tmp_path / "s.pkl"))
     again.on_trial_complete("b", {TPUT: 4.0, FINAL: 1})  # a trial asked before the save is told after it
     assert [t.value for t in again.study.trials] == [3.0, 4.0] and [t.params for t in again.study.trials] == [first, pending]
+
+
+SIXTEEN = """\
+name: s
+trainable: {name: mlp-tabular}
+space:
+  num_workers: {type: categorical, choices: [1, 2]}
+  batch_size: {type: categorical, choices: [16, 64]}
+  precision: {type: categorical, choices: ["32", "bf16-mixed"]}
+  params.hidden: {type: categorical, choices: [32, 64]}
+search: {algorithm: tpe%s}
+budget: {num_trials: %d, num_steps: 5}
+"""
+CV = "throughput/samples_per_s_cv_pct"
+
+
+def _value(config: dict[str, Any]) -> float:
+    """A landscape with a clear winner region (TPE then keeps proposing near it)."""
+    return 100.0 * config["batch_size"] * (0.5 if config["precision"] == "bf16-mixed" else 1.0) / config["num_workers"]
+
+
+def _drive(search: SweepSearch, n: int, at_once: int = 1, cv: float = 1.0,
+           value: Any = _value) -> list[dict[str, Any] | str]:
+    """Tune's way: up to `at_once` trials running, each told its value when it ends."""
+    handed: list[dict[str, Any] | str] = []
+    running: list[tuple[str, dict[str, Any]]] = []
+    for i in range(n):
+        config = search.suggest(f"t{i}")
+        handed.append(config)  # type: ignore[arg-type]
+        if isinstance(config, dict):
+            running.append((f"t{i}", config))
+        if len(running) >= at_once or not isinstance(config, dict):
+            for tid, c in running:
+                search.on_trial_complete(tid, {TPUT: value(c), CV: cv, FINAL: 1})
+            running = []
+    return handed
+
+
+@pytest.mark.parametrize("at_once", [1, 3])
+def test_tpe_never_hands_out_a_configuration_twice(token: str, at_once: int) -> None:
+    """12 trials over a 16-point space: 12 distinct configurations (TPE alone repeated 3-4 of 12 here)."""
+    search = _searcher(SIXTEEN % ("", 12), token)
+    handed = _drive(search, 12, at_once)
+    keys = {tuple(sorted(c.items())) for c in handed if isinstance(c, dict)}
+    assert len(keys) == 12 and all(isinstance(c, dict) for c in handed)
+    repeats = [t for t in search.study.trials if "repeat_of" in t.user_attrs]
+    assert all(t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL) for t in repeats)
+
+
+def test_an_exhausted_space_stops_and_says_so(token: str) -> None:
+    search = _searcher(SIXTEEN % ("", 24), token)
+    handed = _drive(search, 24)
+    ran = [c for c in handed if isinstance(c, dict)]
+    assert len(ran) == len({tuple(sorted(c.items())) for c in ran}) == 16
+    assert handed[16:] == [search.FINISHED] * 8
+    assert shared(token).exhausted == "every one of the space's 16 configurations has run (16 trials)"
+
+
+def test_an_exhausted_space_replicates_the_close_calls_when_asked(token: str) -> None:
+    search = _searcher(SIXTEEN % (", when_exhausted: replicate", 24), token)
+    # cv 5%: 6,400/s (batch 64, fp32, 1 rank; either width) and nothing else within 5% of it
+    handed = _drive(search, 24, cv=5.0)
+    ran = [c for c in handed if isinstance(c, dict)]
+    assert len(ran) == 24
+    replicas = ran[16:]
+    assert {(c["batch_size"], c["precision"], c["num_workers"]) for c in replicas} == {(64, "32", 1)}
+    assert sorted(c["params.hidden"] for c in replicas) == [32] * 4 + [64] * 4  # the least replicated first
+    firsts = {v for k, v in shared(token).replicate_of.items()}
+    assert len(shared(token).replicate_of) == 8 and len(firsts) == 2  # each names its configuration's first trial
+    assert "replicate the close calls" in shared(token).exhausted
+
+
+def test_no_close_call_no_replicate(token: str) -> None:
+    search = _searcher(SIXTEEN % (", when_exhausted: replicate", 24), token)
+    wider = lambda c: _value(c) * (1.01 if c["params.hidden"] == 64 else 1.0)  # noqa: E731 - 1% apart, cv 0.01%
+    handed = _drive(search, 24, cv=0.01, value=wider)
+    assert sum(isinstance(c, dict) for c in handed) == 16
+    assert shared(token).exhausted.endswith("the best configuration is clear of the others beyond their noise: "
+                                            "nothing to replicate")
+
+
+def test_the_worker_count_is_held_for_runs_of_trials(token: str) -> None:
+    """TPE alternated num_workers 1 <-> 2 (7 warm groups for 12 trials); held in runs of 12 / (2 + 1) = 4:
+    one run of each count first (the pool's first group, 1 rank, then 2), then the count TPE picks."""
+    search = _searcher(SIXTEEN % ("", 12), token)
+    sizes = [c["num_workers"] for c in _drive(search, 12) if isinstance(c, dict)]
+    assert sizes[:8] == [1] * 4 + [2] * 4
+    changes = sum(a != b for a, b in zip(sizes, sizes[1:], strict=False))
+    assert changes <= 2, sizes  # at most 3 groups
+    assert shared(token).runs is not None and shared(token).runs.run_length == 4

@@ -54,7 +54,8 @@ def test_a_warm_group_serves_trials_in_isolation_and_is_replaced_after_a_crash(w
     assert same[0]["pool/group"] == same[1]["pool/group"] != same[2]["pool/group"]  # the crash retired the first group
     assert (same[0]["pool/trial_in_group"], same[1]["pool/trial_in_group"], same[2]["pool/trial_in_group"]) == ("1", "5", "1")
     assert "out of memory" in by_mode["oom"].reason and "hidden" in by_mode["config"].reason
-    assert any("warm worker groups: 2 started for 7 trial(s); sweep wall" in line for line in lines), lines[-3:]
+    assert any("warm worker groups: 2 started for 7 trial(s) (1 restart to replace a failed group, " in line
+               and "; sweep wall" in line for line in lines), lines[-3:]
 
 
 def test_cold_mode_gives_the_same_numbers_and_classifies_the_same(warm_sweep: tuple, tmp_path: Path, new_store: Callable[[Path], Path]) -> None:

@@ -90,6 +90,13 @@ def throughput_cv_key(unit: str) -> str:
     return f"throughput/{unit}_per_s_cv_pct"
 
 
+def cv_key_of(metric: str) -> str | None:
+    """The sub-window spread the loop reports for a throughput metric (global or per worker: the same
+    spread, one is the other over the world size); None for any other metric."""
+    unit = next((u for u in THROUGHPUT_UNITS if metric in (throughput_key(u), per_worker_throughput_key(u))), None)
+    return throughput_cv_key(unit) if unit is not None else None
+
+
 def seen_key(unit: str) -> str:
     """Items trained on, all ranks, warm-up included (what an equal-data budget equalises)."""
     return f"progress/{unit}_seen"
