@@ -27,8 +27,8 @@ def main() -> None:
     import ray
     import yaml
 
-    from sweeps import resources
-    from sweeps.runner import run_sweep
+    from sweeps.service import resources
+    from sweeps.service.runner import run_sweep
     from sweeps.spec import parse_spec
 
     base = yaml.safe_load((REPO / "examples" / "demo.yaml").read_text())

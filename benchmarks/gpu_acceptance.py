@@ -275,7 +275,7 @@ def write_spec(src: Path, out: Path, data_dir: str) -> Path:
 
 
 def trial_record(t: Any) -> dict[str, Any]:
-    """A `sweeps.outcome.TrialRow` as a row: knobs, status, the figures it reported, verdict or failure."""
+    """A `sweeps.results.outcome.TrialRow` as a row: knobs, status, the figures it reported, verdict or failure."""
     row: dict[str, Any] = {"trial": t.number, "status": t.status, **{k: t.params[k] for k in KNOBS if k in t.params}}
     row |= {k: float(t.metrics[k]) for k in TRIAL_METRICS if isinstance(t.metrics.get(k), (int, float))}
     return row | ({"verdict": t.verdict} if t.verdict else {}) | ({"reason": t.reason} if t.reason else {})
@@ -285,7 +285,7 @@ def read_sweep(uri: str, name: str) -> tuple[dict[str, Any], list[dict[str, Any]
     """(summary, trial rows, probe frontier per precision) of the newest sweep `name` in the MLflow store."""
     from mlflow.tracking import MlflowClient
 
-    from sweeps.report import load_outcome
+    from sweeps.results.report import load_outcome
 
     client = MlflowClient(tracking_uri=uri)
     outcome = load_outcome(client, name)

@@ -33,8 +33,8 @@ BATCH, WARMUP = 32, 10
 
 
 def ray_train(steps: int, report_interval_s: float, data_dir: str) -> float:
+    from sweeps.service.trial import make_trainer
     from sweeps.spec import ScalingSpec
-    from sweeps.trial import make_trainer
     from trainables.contract import TrialConfig
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -38,9 +38,9 @@ def main() -> None:
     a = ap.parse_args()
     import ray
 
-    from sweeps import resources
-    from sweeps.pool import WarmPool
-    from sweeps.probe import probe_frontier
+    from sweeps.service import resources
+    from sweeps.service.pool import WarmPool
+    from sweeps.service.probe import probe_frontier
     from sweeps.spec import parse_spec
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,

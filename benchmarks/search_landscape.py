@@ -7,7 +7,7 @@ precision run out of memory (an OOM trial still costs a trial). Each seed draws 
 landscape. For each method, the number of trials run until one is within 5% of the best
 feasible configuration (found by enumeration), with the same budget:
 
-- ours:   the product's searcher (`sweeps.search.SweepSearch`: seeded TPE, OOM trials told
+- ours:   the product's searcher (`sweeps.search.searcher.SweepSearch`: seeded TPE, OOM trials told
           to Optuna as infeasible, monotone skipping of batches at/above an OOM),
 - tpe, OOM as FAIL: the same TPE, but OOM trials reach Optuna as FAIL and nothing is skipped
           (what plain OptunaSearch does): isolates what the infeasibility feedback buys,
@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import optuna
 from common import record, summary, table
 
-from sweeps.search import SweepSearch, make_searcher, record_oom, release, shared
+from sweeps.search.searcher import SweepSearch, make_searcher, record_oom, release, shared
 from sweeps.spec import parse_spec
 from trainables.contract import FINAL
 

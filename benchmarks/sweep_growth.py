@@ -44,8 +44,8 @@ def main() -> None:
     args = parser.parse_args()
     import ray
 
-    from sweeps import resources
-    from sweeps.runner import run_sweep
+    from sweeps.service import resources
+    from sweeps.service.runner import run_sweep
     from sweeps.spec import parse_spec
 
     times = TrialTimes()

@@ -9,8 +9,8 @@ On a Ray runtime started once per variant and round (its start-up excluded), per
   Tune trial (function trainable) that returns at once.
 
 Variants (alternating): `default` (Ray's settings, a new Tune actor per trial), `lean`
-(`sweeps.resources.LEAN_TRAIN_ENV`, a new Tune actor per trial), `lean-reuse` (lean, and Tune's actor
-reused across trials, `sweeps.runner.REUSE_TRIAL_ACTORS`: one TorchTrainer per trial) and `warm`
+(`sweeps.service.resources.LEAN_TRAIN_ENV`, a new Tune actor per trial), `lean-reuse` (lean, and Tune's actor
+reused across trials, `sweeps.service.runner.REUSE_TRIAL_ACTORS`: one TorchTrainer per trial) and `warm`
 (lean-reuse with `scaling.reuse_workers: true`: one long-lived worker group serves every trial).
 
     .venv/bin/python benchmarks/sweep_overhead.py [--rounds 2] [--trials 3] [--steps 1500]
@@ -41,7 +41,7 @@ storage_path: {tmp}/r
 
 def one_sweep(trials: int, steps: int, warm: bool = False) -> tuple[float, list[float], list[float]]:
     """(sweep wall s, per-trial wall s, per-trial loop s)."""
-    from sweeps.runner import run_sweep
+    from sweeps.service.runner import run_sweep
     from sweeps.spec import parse_spec
 
     times = TrialTimes()
@@ -78,7 +78,7 @@ def bare_tune() -> float:
         return time.monotonic() - t0
 
 
-# lean: `sweeps.resources.LEAN_TRAIN_ENV` (what `sweeps run` sets on a local cluster) in the job's runtime env.
+# lean: `sweeps.service.resources.LEAN_TRAIN_ENV` (what `sweeps run` sets on a local cluster) in the job's runtime env.
 
 
 def main() -> None:
@@ -99,7 +99,7 @@ def main() -> None:
         for v in variants}
     for r in range(args.rounds):
         for v in variants[r % len(variants):] + variants[:r % len(variants)]:
-            from sweeps import resources, runner
+            from sweeps.service import resources, runner
 
             env = {"PYTHONPATH": str(REPO), **(resources.LEAN_TRAIN_ENV if v.startswith("lean") or v == "warm" else {})}
             runner.REUSE_TRIAL_ACTORS = v.endswith("reuse") or v == "warm"

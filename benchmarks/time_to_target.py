@@ -25,9 +25,9 @@ def main() -> None:
     import ray
     import yaml
 
-    from sweeps import resources
-    from sweeps.quality import prediction_error, spearman
-    from sweeps.runner import run_sweep
+    from sweeps.results.quality import prediction_error, spearman
+    from sweeps.service import resources
+    from sweeps.service.runner import run_sweep
     from sweeps.spec import parse_spec
 
     data = yaml.safe_load((REPO / "examples" / "time_to_target.yaml").read_text())

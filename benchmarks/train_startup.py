@@ -4,7 +4,7 @@ teardown (rank 0's function returns -> fit() returns), and which actors each run
 A warm local Ray (2 CPUs, the lean settings `sweeps run` uses), N runs each, alternating, of a 2-worker
 gloo trainer whose train function only records the time: Ray's `TorchTrainer` (`stock`), and the one
 `sweeps` starts (`lean`: without Ray Data's callback when there are no datasets, and without the
-placement-group cleaner where the cluster has no State API, `sweeps.trial`). `--no-dashboard` starts
+placement-group cleaner where the cluster has no State API, `sweeps.service.trial`). `--no-dashboard` starts
 Ray without one (so without its State API), as the test suite's cluster.
 
     .venv/bin/python benchmarks/train_startup.py [--runs 3] [--no-dashboard]
@@ -42,11 +42,11 @@ def main() -> None:
     from ray._private.state import state  # the GCS's actor table: answers with or without a dashboard
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from sweeps.resources import LEAN_TRAIN_ENV
+    from sweeps.service.resources import LEAN_TRAIN_ENV
 
     ray.init(num_cpus=2, include_dashboard=not args.no_dashboard, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(REPO), **LEAN_TRAIN_ENV}})
-    from sweeps.trial import _lean_torch_trainer
+    from sweeps.service.trial import _lean_torch_trainer
 
     kinds = {"stock": TorchTrainer, "lean": _lean_torch_trainer()}
     stats: dict[str, dict[str, list[float]]] = {k: {"start-up": [], "teardown": [], "total": []} for k in kinds}

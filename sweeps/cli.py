@@ -22,7 +22,7 @@ def _validate(args: argparse.Namespace) -> int:
     spec, _ = load_spec(args.spec)
     fits = ""
     if args.cpus is not None or args.gpus is not None or args.here:
-        from sweeps.resources import refuse_if_never_fits, this_machine
+        from sweeps.service.resources import refuse_if_never_fits, this_machine
 
         have = this_machine() if args.here else {}
         have.update({k: float(v) for k, v in (("CPU", args.cpus), ("GPU", args.gpus)) if v is not None})
@@ -34,8 +34,8 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from sweeps.runner import run_sweep
-    from sweeps.state import load_for_resume, resume_command
+    from sweeps.service.runner import run_sweep
+    from sweeps.service.state import load_for_resume, resume_command
 
     if args.command == "resume":
         spec, text = load_for_resume(args.storage_path, args.name)
@@ -58,8 +58,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _print_outcome(outcome: Any, title: str) -> None:
-    from sweeps.report import best_fragment, compared_run_ids, next_steps, pareto_table, trials_table
-    from sweeps.state import resume_command
+    from sweeps.results.report import best_fragment, compared_run_ids, next_steps, pareto_table, trials_table
+    from sweeps.service.state import resume_command
     from sweeps.tracking import experiment_of, ui_links
 
     spec = outcome.spec
@@ -87,7 +87,7 @@ def _report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from sweeps.errors import InputError
-    from sweeps.report import load_outcome, to_json
+    from sweeps.results.report import load_outcome, to_json
     from sweeps.store import open_store
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one small spec.yaml: no bar on stderr
@@ -97,7 +97,7 @@ def _report(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise InputError(str(exc)) from None
     if args.out:
-        from sweeps.plots import publish
+        from sweeps.results.plots import publish
 
         publish(outcome, client, Path(args.out), log=False)
     if args.format == "json":
@@ -110,7 +110,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _cluster_check(args: argparse.Namespace) -> int:
-    from sweeps.clustercheck import check_file
+    from sweeps.ops.clustercheck import check_file
 
     failed = 0
     for path in args.files:
@@ -123,7 +123,7 @@ def _cluster_check(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from sweeps.doctor import doctor
+    from sweeps.ops.doctor import doctor
 
     flags = [f for f, on in (("--quick", args.quick), ("--gpu-checks", args.gpu_checks), ("--no-mlflow", args.no_mlflow)) if on]
     flags += [f"--address {args.address}"] if args.address else []
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _guarded(args: argparse.Namespace) -> int:
     """Run the command; every failure ends in one line on stderr and its exit code (`sweeps.errors`)."""
-    from sweeps.connect import sigterm_as_sigint
+    from sweeps.service.connect import sigterm_as_sigint
 
     try:
         with sigterm_as_sigint():  # a scheduler's SIGTERM is a Ctrl+C

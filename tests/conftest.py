@@ -129,7 +129,7 @@ def ray_cluster() -> Iterator[None]:
     """A real local Ray cluster for the session, stopped through its own handle."""
     import ray
 
-    from sweeps.resources import LEAN_TRAIN_ENV  # what `sweeps run` uses on a local cluster
+    from sweeps.service.resources import LEAN_TRAIN_ENV  # what `sweeps run` uses on a local cluster
     from tests.reap import ray_node_pids, reap, tree
 
     temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths are length-limited
@@ -189,7 +189,7 @@ seed: 3
 def small_sweep(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory, new_store: Callable[[Path], Path]) -> tuple:
     """One real 3-trial sweep (Tuner + OptunaSearch + TorchTrainer per trial + MLflow store),
     shared by the tests that read its results; returns (outcome, tracking uri, progress lines)."""
-    from sweeps.runner import run_sweep
+    from sweeps.service.runner import run_sweep
     from sweeps.spec import parse_spec
 
     tmp = tmp_path_factory.mktemp("small-sweep")

@@ -33,8 +33,8 @@ from mlflow.tracking import MlflowClient
 from ray._private.state import available_resources_per_node, total_resources_per_node
 from ray.cluster_utils import Cluster
 
-from sweeps.resources import LEAN_TRAIN_ENV
-from sweeps.runner import run_sweep
+from sweeps.service.resources import LEAN_TRAIN_ENV
+from sweeps.service.runner import run_sweep
 from sweeps.spec import parse_spec
 from tests.reap import reap, tree
 

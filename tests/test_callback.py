@@ -6,8 +6,8 @@ import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
-from sweeps.callback import _LIVE, SweepCallback
-from sweeps.search import release
+from sweeps.search.searcher import release
+from sweeps.service.callback import _LIVE, SweepCallback
 from sweeps.spec import parse_spec
 from sweeps.tracking import SweepTracker
 
@@ -84,7 +84,7 @@ def test_an_objective_no_trial_reports_stops_the_sweep_listing_what_was_reported
 def test_halting_interrupts_tune_through_its_sigint_handler_only_when_one_listens() -> None:
     import signal
 
-    from sweeps.callback import _interrupt_tune
+    from sweeps.service.callback import _interrupt_tune
 
     heard: list[int] = []
     # a shell's background job starts with SIGINT ignored: set each handler the test needs explicitly

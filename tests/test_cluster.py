@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from sweeps.cli import main
-from sweeps.clustercheck import check_config, check_file
+from sweeps.ops.clustercheck import check_config, check_file
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((REPO / "cluster").glob("*.yaml"))

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from sweeps.cli import main
-from sweeps.clustercheck import check_file
-from sweeps.clustercheck_k8s import check_manifests, is_manifest
+from sweeps.ops.clustercheck import check_file
+from sweeps.ops.clustercheck_k8s import check_manifests, is_manifest
 from sweeps.spec import CategoricalParam, parse_spec
 
 REPO = Path(__file__).resolve().parents[1]

@@ -17,8 +17,8 @@ import psutil
 import pytest
 import torch
 
-from sweeps import doctor
-from sweeps.sol import latest_figures, quick_figures, score
+from sweeps.ops import doctor
+from sweeps.results.sol import latest_figures, quick_figures, score
 from tests.fake_nvml import FakeGpu, FakeNvml
 from tests.reap import started_here
 from trainables import doctor_checks as dc

@@ -1,4 +1,4 @@
-"""Each knob's measured effect across the sweep (`sweeps.effects`): the fit against hand-made landscapes, and
+"""Each knob's measured effect across the sweep (`sweeps.results.effects`): the fit against hand-made landscapes, and
 the verdicts that no longer propose what the sweep measured clearly worse when no exact twin exists."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import random
 
 import pytest
 
-from sweeps.effects import Effects
-from sweeps.outcome import SweepOutcome, TrialRow
-from sweeps.report import answer
+from sweeps.results.effects import Effects
+from sweeps.results.outcome import SweepOutcome, TrialRow
+from sweeps.results.report import answer
+from sweeps.results.verdict import revise_verdicts, verdict
 from sweeps.spec import parse_spec
-from sweeps.verdict import revise_verdicts, verdict
 
 TPUT = "throughput/samples_per_s"
 CASE = """\

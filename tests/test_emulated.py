@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from sweeps import sol
-from sweeps.doctor import log_mlflow
-from sweeps.outcome import SweepOutcome, TrialRow
-from sweeps.sol import KERNEL_ENV, cached_quick_figures, kernel_env, latest_figures, quick_cache_key, score
+from sweeps.ops.doctor import log_mlflow
+from sweeps.results import sol
+from sweeps.results.outcome import SweepOutcome, TrialRow
+from sweeps.results.sol import KERNEL_ENV, cached_quick_figures, kernel_env, latest_figures, quick_cache_key, score
+from sweeps.results.verdict import revise, revise_verdicts, verdict
 from sweeps.spec import parse_spec
-from sweeps.verdict import revise, revise_verdicts, verdict
 from tests.test_verdict import gpu_row
 
 TPUT, CV = "throughput/samples_per_s", "throughput/samples_per_s_cv_pct"

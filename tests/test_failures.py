@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from sweeps.failures import TrialFailure, classify, failure_of, signature
+from sweeps.service.failures import TrialFailure, classify, failure_of, signature
 from trainables.errors import DivergedError, UnsupportedError
 
 

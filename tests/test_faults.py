@@ -16,7 +16,7 @@ import psutil
 import pytest
 import torch
 
-from sweeps.failures import classify
+from sweeps.service.failures import classify
 from trainables.contract import TrialConfig
 from trainables.loop import train
 from trainables.reporting import ListReporter
@@ -133,7 +133,7 @@ def test_a_crashed_rank_resumes_a_hung_peer_times_out_and_a_full_disk_halts_the_
         ray_cluster: None, tmp_path: Path, reuse: str, new_store: Callable[[Path], Path]) -> None:
     from mlflow.tracking import MlflowClient
 
-    from sweeps.runner import run_sweep
+    from sweeps.service.runner import run_sweep
     from sweeps.spec import parse_spec
 
     new_store(tmp_path / "mlflow.db")
@@ -198,8 +198,8 @@ def test_a_crashed_rank_resumes_a_hung_peer_times_out_and_a_full_disk_halts_the_
 
 def test_a_full_disk_on_the_driver_says_so_and_how_to_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    from sweeps import runner
     from sweeps.cli import EXIT_UNFINISHED, main
+    from sweeps.service import runner
 
     def fills_the_disk(*args: object, **kwargs: object) -> None:  # e.g. writing sweep.json or Tune's state
         with open("/dev/full", "w") as f:

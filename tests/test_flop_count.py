@@ -78,7 +78,7 @@ def test_the_loop_counts_flops_for_a_workload_that_does_not_declare_them(data_di
 
 
 def test_a_sweep_scores_trials_against_this_machines_figures(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from sweeps import sol
+    from sweeps.results import sol
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     calls = []

@@ -42,7 +42,7 @@ def test_preflight_names_what_is_missing() -> None:
 
 
 def _trials() -> list[dict[str, Any]]:
-    from sweeps.outcome import TrialRow
+    from sweeps.results.outcome import TrialRow
 
     def row(n: int, precision: str, batch: int, tps: float | None, status: str = "ok") -> TrialRow:
         metrics = {"throughput/tokens_per_s": tps, "perf/mfu_pct": 20.0 + n, "perf/sol_pct": 30.0 + n} if tps else {}

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from sweeps.results.verdict import verdict
 from sweeps.spec import SpecError, parse_spec
-from sweeps.verdict import verdict
 from trainables.flops import cluster_peak, peak_flops
 
 BASE = "name: t\ntrainable: {name: mlp-tabular}\nbudget: {num_trials: 2, num_steps: 5}\n"
@@ -24,8 +24,8 @@ def test_layouts_ddp_cannot_run_or_would_misreport_are_refused(scaling: str, exp
 
 
 def test_accelerator_type_reaches_ray_train() -> None:
-    from sweeps.space import resolve_trial
-    from sweeps.trial import make_trainer
+    from sweeps.search.space import resolve_trial
+    from sweeps.service.trial import make_trainer
 
     spec = parse_spec(BASE + "scaling: {use_gpu: true, accelerator_type: H100, num_workers: 4}\n")
     trainer = make_trainer(resolve_trial(spec, {}), spec.scaling, "n", "/tmp", callbacks=[])

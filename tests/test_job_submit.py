@@ -158,7 +158,7 @@ def test_the_readme_steps_wait_for_the_head_then_a_job_runs_a_sweep_reading_its_
     assert len(runs) == 3 and len(children) == 2
     assert all(r.data.metrics["throughput/samples_per_s"] > 0 for r in children)
     # This head serves Ray's State API (a dashboard): the job's Train runs kept the placement-group cleaner,
-    # which needs it (sweeps.trial: left out only where nothing answers it)
+    # which needs it (sweeps.service.trial: left out only where nothing answers it)
     listed = subprocess.run([str(BIN / "ray"), "list", "actors", "--address", head["address"], "--format", "json",
                              "--filter", "class_name=PlacementGroupCleaner"], env=env, capture_output=True, text=True,
                             timeout=60)

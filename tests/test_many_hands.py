@@ -126,11 +126,11 @@ def test_what_ray_needs_refused_ends_in_one_line_and_exit_5(tmp_path: Path, shor
 
 def test_where_ray_keeps_the_last_cluster_address_is_where_ray_init_reads_it(short_tmp: Path,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """The one private access of sweeps.connect (Ray has no public name for the file): fails loudly when
+    """The one private access of sweeps.service.connect (Ray has no public name for the file): fails loudly when
     Ray moves it."""
     from ray._private.services import get_ray_address_from_environment
 
-    from sweeps.connect import ray_address, ray_address_file
+    from sweeps.service.connect import ray_address, ray_address_file
 
     monkeypatch.setenv("RAY_TMPDIR", str(short_tmp))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)

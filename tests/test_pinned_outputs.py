@@ -35,9 +35,9 @@ BAD = {
 
 
 def _outcome() -> Any:
-    from sweeps.outcome import SweepOutcome, TrialRow
+    from sweeps.results.outcome import SweepOutcome, TrialRow
+    from sweeps.results.verdict import verdict
     from sweeps.spec import parse_spec
-    from sweeps.verdict import verdict
 
     spec = parse_spec((REPO / "examples" / "demo.yaml").read_text())
     rows = []
@@ -59,10 +59,10 @@ def _outcome() -> Any:
 
 
 def pinned() -> dict[str, Any]:
-    from sweeps.progress import planned_cost
-    from sweeps.report import answer, best_fragment, trials_table
+    from sweeps.results.report import answer, best_fragment, trials_table
+    from sweeps.results.verdict import revise_verdicts
+    from sweeps.service.progress import planned_cost
     from sweeps.spec import SpecError, parse_spec
-    from sweeps.verdict import revise_verdicts
 
     out: dict[str, Any] = {}
     demo_text = (REPO / "examples" / "demo.yaml").read_text()
@@ -70,9 +70,9 @@ def pinned() -> dict[str, Any]:
     out["demo spec"] = json.loads(spec.model_dump_json())
     out["planned"] = planned_cost(spec, 8.0)
     try:
-        from sweeps.space import resolve_trial, trial_params
+        from sweeps.search.space import resolve_trial, trial_params
     except ImportError:  # after the move
-        from sweeps.search.trials import resolve_trial, trial_params  # type: ignore[no-redef]
+        from sweeps.search.searcher.trials import resolve_trial, trial_params  # type: ignore[no-redef]
     cfg = resolve_trial(spec, {"precision": "bf16-mixed", "batch_size": 64, "num_dataloader_workers": 1})
     out["trial config"] = cfg.to_dict()
     out["trial params"] = {k: str(v) for k, v in trial_params(spec, cfg).items()}

@@ -7,7 +7,7 @@ import threading
 
 import torch
 
-from sweeps.pool import Queue
+from sweeps.service.pool import Queue
 from trainables.errors import WorkloadError
 
 
@@ -55,11 +55,11 @@ def test_a_group_that_dies_before_taking_a_trial_charges_the_next_waiting_one() 
 
 def test_a_trials_cost_begins_when_a_group_took_it_only_if_it_waited_for_one_and_ends_at_its_final_report(
         monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    import sweeps.pool
+    import sweeps.service.pool
 
     # submit 1, take 1 (the group came up), final report 1, submit 2, take 2
     clock = iter([100.0, 150.0, 157.0, 200.0, 260.0])
-    monkeypatch.setattr(sweeps.pool.time, "time", lambda: next(clock))
+    monkeypatch.setattr(sweeps.service.pool.time, "time", lambda: next(clock))
     q = Queue()
     q.submit("first", {}, None, "/tmp")  # no group is waiting yet: the first trial waits for one to start
     assert q.take(0, 1.0)[0] == "first"

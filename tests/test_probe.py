@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from mlflow.tracking import MlflowClient
 
-from sweeps import probe
-from sweeps.probe import batch_candidates, probe_frontier
-from sweeps.runner import run_sweep
-from sweeps.search import SweepSearch, make_searcher, oom_excluded, release
+from sweeps.search.searcher import SweepSearch, make_searcher, oom_excluded, release
+from sweeps.service import probe
+from sweeps.service.probe import batch_candidates, probe_frontier
+from sweeps.service.runner import run_sweep
 from sweeps.spec import IntParam, SpecError, SweepSpec, parse_spec
 from trainables.contract import FINAL
 

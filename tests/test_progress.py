@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sweeps.outcome import TrialRow
-from sweeps.progress import ProgressLine, Terminal, progress_line
+from sweeps.results.outcome import TrialRow
+from sweeps.service.progress import ProgressLine, Terminal, progress_line
 from sweeps.spec import parse_spec
 
 SPEC = parse_spec("name: p\ntrainable: {name: mlp-tabular}\nbudget: {num_trials: 4, num_steps: 2}\n")
@@ -90,7 +90,7 @@ def test_dumb_terminal_gets_no_live_line(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_the_overhead_line_splits_probe_warm_up_and_the_services_own_cost() -> None:
-    from sweeps.progress import overhead_line
+    from sweeps.service.progress import overhead_line
 
     def ended(loop: float, warm: float, window: float) -> TrialRow:
         return TrialRow("t", 1, {}, status="ok", metrics={"time/loop_total_s": loop, "time/warmup_s": warm,
@@ -129,7 +129,7 @@ def test_a_trial_line_shows_its_throughputs_spread_where_measured() -> None:
 
 def test_the_planned_cost_is_trials_times_the_boxed_trial_by_concurrency() -> None:
 
-    from sweeps.progress import planned_cost
+    from sweeps.service.progress import planned_cost
 
     demo = parse_spec((Path(__file__).resolve().parents[1] / "examples" / "demo.yaml").read_text())
     line = planned_cost(demo)
@@ -151,7 +151,7 @@ def test_the_planned_cost_is_trials_times_the_boxed_trial_by_concurrency() -> No
 
 
 def test_the_eta_counts_what_the_ended_trials_cost_not_the_sweeps_start_up() -> None:
-    from sweeps.progress import Costs, TrialCost, remaining_s, sweep_status
+    from sweeps.service.progress import Costs, TrialCost, remaining_s, sweep_status
 
     spec8 = parse_spec("name: p\ntrainable: {name: mlp-tabular}\nbudget: {num_trials: 8, num_steps: 2}\n")
     rows = [TrialRow("t1", 1, {"precision": "32"}, status="ok")]
@@ -164,7 +164,7 @@ def test_the_eta_counts_what_the_ended_trials_cost_not_the_sweeps_start_up() -> 
 
 
 def test_the_eta_prices_each_precision_by_its_own_trials_and_an_emulated_one_at_its_boxes() -> None:
-    from sweeps.progress import Costs, TrialCost, remaining_s
+    from sweeps.service.progress import Costs, TrialCost, remaining_s
 
     demo = parse_spec((Path(__file__).resolve().parents[1] / "examples" / "demo.yaml").read_text())  # boxes 3 + 5 s
     first = [TrialRow("t1", 1, {"precision": "32"}, status="ok")]  # the grid's first point; 3 fp32, 4 bf16 to come
@@ -185,7 +185,7 @@ def test_the_eta_prices_each_precision_by_its_own_trials_and_an_emulated_one_at_
 
 
 def test_the_data_a_trial_made_for_the_node_is_not_priced_into_the_trials_after_it() -> None:
-    from sweeps.progress import Costs, TrialCost, remaining_s
+    from sweeps.service.progress import Costs, TrialCost, remaining_s
 
     # illustrative figures, in the shape of the H200 run of 2026-11-26: trial 1 wrote the data files
     spec8 = parse_spec("name: p\ntrainable: {name: mlp-tabular}\nbudget: {num_trials: 8, num_steps: 2}\n")
@@ -205,7 +205,7 @@ def test_the_data_a_trial_made_for_the_node_is_not_priced_into_the_trials_after_
 
 
 def test_once_a_warmed_process_ran_a_trial_a_groups_first_trial_no_longer_sets_the_price() -> None:
-    from sweeps.progress import Costs, TrialCost, remaining_s
+    from sweeps.service.progress import Costs, TrialCost, remaining_s
 
     # in the shape of the H200's GPT-2 sweep: trial 1 paid the process's first use of the GPU, trial 2 did not
     grid = parse_spec("name: p\ntrainable: {name: mlp-tabular}\nspace: {precision: {type: categorical, choices: "
@@ -227,7 +227,7 @@ def test_once_a_warmed_process_ran_a_trial_a_groups_first_trial_no_longer_sets_t
 
 
 def test_what_the_time_boxes_bound_leaves_out_the_build_and_step_0() -> None:
-    from sweeps.progress import TrialCost
+    from sweeps.service.progress import TrialCost
 
     # time/warmup_s holds the build, compilation and step 0; only the timed steps after them are boxed
     assert TrialCost.of("32", 9.0, {"time/warmup_s": 4.0, "time/warmup_steps_s": 2.5, "time/window_s": 5.0}).boxed_s(True) == 7.5
@@ -239,7 +239,7 @@ def test_what_the_time_boxes_bound_leaves_out_the_build_and_step_0() -> None:
 
 
 def test_grid_points_that_will_never_run_leave_the_eta_and_are_counted_as_skipped() -> None:
-    from sweeps.progress import Costs, TrialCost, remaining_s, sweep_status
+    from sweeps.service.progress import Costs, TrialCost, remaining_s, sweep_status
 
     demo = parse_spec((Path(__file__).resolve().parents[1] / "examples" / "demo.yaml").read_text())  # 8 points
     first = [TrialRow("t1", 1, {"precision": "32"}, status="ok")]  # 3 fp32 and 4 bf16 points to come
@@ -256,7 +256,7 @@ def test_grid_points_that_will_never_run_leave_the_eta_and_are_counted_as_skippe
 
 
 def test_the_eta_is_never_shorter_than_what_the_longest_running_trial_has_left() -> None:
-    from sweeps.progress import Costs, TrialCost, remaining_s
+    from sweeps.service.progress import Costs, TrialCost, remaining_s
 
     two = parse_spec("name: p\ntrainable: {name: mlp-tabular}\nbudget: {num_trials: 3, num_steps: 2, "
                      "max_concurrent_trials: 2}\n")
@@ -268,8 +268,8 @@ def test_the_eta_is_never_shorter_than_what_the_longest_running_trial_has_left()
 
 
 def test_the_eta_prices_the_restarts_the_plan_expects_and_stops_where_the_space_does() -> None:
-    from sweeps.plan import SizeRuns
-    from sweeps.progress import Costs, TrialCost, planned_cost, remaining_s
+    from sweeps.search.plan import SizeRuns
+    from sweeps.service.progress import Costs, TrialCost, planned_cost, remaining_s
 
     spec = parse_spec("name: p\ntrainable: {name: mlp-tabular}\nspace:\n  num_workers: {type: categorical, choices: "
                       "[1, 2]}\n  batch_size: {type: categorical, choices: [16, 32, 64]}\nbudget: {num_trials: 12, "

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sweeps.outcome import SweepOutcome, TrialRow, end_status
-from sweeps.quality import annotate, prediction_error, spearman
+from sweeps.results.outcome import SweepOutcome, TrialRow, end_status
+from sweeps.results.quality import annotate, prediction_error, spearman
 from sweeps.spec import parse_spec
 from tests.linreg import analytic_noise_scale
 from trainables import contract

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from sweeps.quality import DEGRADED_TAG
-from sweeps.runner import run_sweep
+from sweeps.results.quality import DEGRADED_TAG
+from sweeps.service.runner import run_sweep
 from sweeps.spec import parse_spec
 from sweeps.tracking import child_runs
 

@@ -29,10 +29,10 @@ from mlflow.tracking import MlflowClient
 from PIL import Image
 
 from sweeps.cli import main
-from sweeps.outcome import SweepOutcome, TrialRow, pareto_rows
-from sweeps.plots import MAX_LABELS, TOP_N, figures, publish, summary_html
-from sweeps.quality import log_updates
-from sweeps.report import (
+from sweeps.results.outcome import SweepOutcome, TrialRow, pareto_rows
+from sweeps.results.plots import MAX_LABELS, TOP_N, figures, publish, summary_html
+from sweeps.results.quality import log_updates
+from sweeps.results.report import (
     answer,
     baseline,
     best_fragment,
@@ -44,10 +44,10 @@ from sweeps.report import (
     sweep_note,
     trials_table,
 )
-from sweeps.space import resolve_trial, trial_params
+from sweeps.results.verdict import revise_verdicts
+from sweeps.search.space import resolve_trial, trial_params
 from sweeps.spec import KNOBS, parse_spec
 from sweeps.tracking import SweepTracker, ui_hint, ui_links
-from sweeps.verdict import revise_verdicts
 from tests.test_verdict import gpu_row, h100_rows
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from sweeps.resources import concurrency_note, refuse_if_never_fits
-from sweeps.space import resolve_trial, trial_params
+from sweeps.search.space import resolve_trial, trial_params
+from sweeps.service.resources import concurrency_note, refuse_if_never_fits
+from sweeps.service.trial import make_trainer
 from sweeps.spec import SpecError, parse_spec
-from sweeps.trial import make_trainer
 from trainables import contract
 from trainables.contract import TrialConfig
 from trainables.loop import train

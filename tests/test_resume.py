@@ -15,9 +15,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from sweeps.cli import EXIT_UNFINISHED, main
-from sweeps.runner import run_sweep
+from sweeps.service.runner import run_sweep
+from sweeps.service.state import STATE_FILE, SweepExists, SweepState, spec_digest
 from sweeps.spec import parse_spec
-from sweeps.state import STATE_FILE, SweepExists, SweepState, spec_digest
 
 REPO = Path(__file__).resolve().parents[1]
 

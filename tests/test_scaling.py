@@ -14,13 +14,13 @@ import pytest
 import torch
 import yaml
 
-from sweeps.outcome import SweepOutcome, TrialRow
-from sweeps.pool import Queue
-from sweeps.quality import annotate, scaling_twin
-from sweeps.report import answer, best_fragment, table_rows
-from sweeps.space import resolve_trial, trial_params
+from sweeps.results.outcome import SweepOutcome, TrialRow
+from sweeps.results.quality import annotate, scaling_twin
+from sweeps.results.report import answer, best_fragment, table_rows
+from sweeps.results.verdict import revise, verdict
+from sweeps.search.space import resolve_trial, trial_params
+from sweeps.service.pool import Queue
 from sweeps.spec import SpecError, parse_spec
-from sweeps.verdict import revise, verdict
 from trainables.contract import ALLREDUCE_WAIT_PCT, POOL_RESIZE, SCALING_EFFICIENCY_PCT, STEP_TIME_MS, TrialConfig
 from trainables.noise_scale import CommTimer
 
@@ -61,7 +61,7 @@ def test_sweeps_validate_refuses_a_worker_count_that_cannot_run(change: tuple[st
 
 
 def test_a_space_whose_largest_trial_never_fits_is_refused_naming_the_count_to_drop() -> None:
-    from sweeps.resources import refuse_if_never_fits
+    from sweeps.service.resources import refuse_if_never_fits
 
     spec = parse_spec(SPEC)
     with pytest.raises(SpecError, match=r"space.num_workers: the largest trial needs num_workers x cpus_per_worker = "
@@ -71,7 +71,7 @@ def test_a_space_whose_largest_trial_never_fits_is_refused_naming_the_count_to_d
 
 
 def _pending(q: Queue, trial: str, size: int) -> None:
-    q.submit(trial, TrialConfig("mlp-tabular", 32, "32", 1e-3, 5, num_workers=size).to_dict(), None, "/tmp/x")
+    q.submit(trial, TrialConfig(workload="mlp-tabular", batch_size=32, precision="32", lr=1e-3, num_steps=5, num_workers=size).to_dict(), None, "/tmp/x")
 
 
 def test_a_warm_group_serves_trials_of_its_own_size_and_ends_to_be_resized_for_the_others() -> None:
@@ -87,8 +87,8 @@ def test_a_warm_group_serves_trials_of_its_own_size_and_ends_to_be_resized_for_t
 
 
 def test_the_memory_probe_measures_every_worker_count_on_its_own() -> None:
-    from sweeps.probe import memory_settings
-    from sweeps.search import oom_excluded, record_probe, release
+    from sweeps.search.searcher import oom_excluded, record_probe, release
+    from sweeps.service.probe import memory_settings
 
     spec = parse_spec(SPEC + "search: {probe_batch_size: true}\n")
     assert [s["num_workers"] for s in memory_settings(spec)] == [1, 2, 4]
@@ -134,7 +134,7 @@ def _rank(rank: int, port: int, slow: bool, out: str) -> None:  # a spawned proc
             return fut
 
         loop.ddp_hook = slow_hook  # type: ignore[assignment]
-    cfg = TrialConfig("mlp-tabular", 32, "32", 1e-3, num_steps=12, num_warmup_steps=2, telemetry_period_s=0,
+    cfg = TrialConfig(workload="mlp-tabular", batch_size=32, precision="32", lr=1e-3, num_steps=12, num_warmup_steps=2, telemetry_period_s=0,
                       report_interval_s=1e9, workload_params={"num_train_rows": 1024, "num_val_rows": 64},
                       data_dir=out + ".data", num_workers=2)
     final = loop.train(cfg, ListReporter(), torch.device("cpu"))
@@ -165,7 +165,7 @@ def test_one_rank_has_no_all_reduce_to_wait_for(tmp_path: Path) -> None:
     from trainables.loop import train
     from trainables.reporting import ListReporter
 
-    cfg = TrialConfig("mlp-tabular", 32, "32", 1e-3, num_steps=3, num_warmup_steps=1, telemetry_period_s=0,
+    cfg = TrialConfig(workload="mlp-tabular", batch_size=32, precision="32", lr=1e-3, num_steps=3, num_warmup_steps=1, telemetry_period_s=0,
                       workload_params={"num_train_rows": 256, "num_val_rows": 64}, data_dir=str(tmp_path))
     assert ALLREDUCE_WAIT_PCT not in train(cfg, ListReporter(), torch.device("cpu"))  # absent, never 0
 
@@ -224,7 +224,7 @@ def test_the_answer_names_the_rank_count_and_its_efficiency() -> None:
 
 
 def test_the_scaling_figure_draws_one_line_per_configuration(tmp_path: Path) -> None:
-    from sweeps.plots import figures
+    from sweeps.results.plots import figures
 
     rows = [_row(1, 1, 32, 100.0), _row(2, 2, 32, 180.0), _row(3, 1, 64, 150.0), _row(4, 2, 64, 290.0)]
     outcome = _outcome(rows)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from sweeps.report import answer, best_fragment
-from sweeps.runner import run_sweep
+from sweeps.results.report import answer, best_fragment
+from sweeps.service.runner import run_sweep
 from sweeps.spec import parse_spec
 from sweeps.tracking import child_runs
 from trainables.contract import ALLREDUCE_WAIT_PCT, SCALING_EFFICIENCY_PCT

@@ -10,7 +10,7 @@ from typing import Any
 import optuna
 import pytest
 
-from sweeps.search import SweepSearch, grid_skips, make_scheduler, make_searcher, record_oom, release, shared
+from sweeps.search.searcher import SweepSearch, grid_skips, make_scheduler, make_searcher, record_oom, release, shared
 from sweeps.spec import parse_spec
 from trainables.contract import FINAL
 
@@ -196,7 +196,7 @@ def test_a_target_with_another_objective_keeps_asha_on_steps() -> None:
 def test_an_oom_bounds_the_batch_only_for_the_same_own_params() -> None:
     import uuid
 
-    from sweeps.search import oom_excluded, record_oom, release
+    from sweeps.search.searcher import oom_excluded, record_oom, release
 
     token = uuid.uuid4().hex
     wide = {"precision": "32", "compile": False, "batch_size": 64, "params.hidden": 512}
@@ -210,7 +210,7 @@ def test_an_oom_bounds_the_batch_only_for_the_same_own_params() -> None:
 
 
 def test_after_a_probe_settings_it_did_not_measure_are_bounded_by_its_smallest_failure(token: str) -> None:
-    from sweeps.search import oom_excluded, oom_skip_reason, record_probe
+    from sweeps.search.searcher import oom_excluded, oom_skip_reason, record_probe
 
     eager = {"precision": "bf16-mixed", "compile": False}
     compiled = {**eager, "compile": True}

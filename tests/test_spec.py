@@ -179,7 +179,7 @@ def test_objective_follows_the_workload_unit() -> None:
 
 
 def test_a_trial_larger_than_a_fixed_cluster_is_refused_before_it_runs() -> None:
-    from sweeps.resources import refuse_if_never_fits
+    from sweeps.service.resources import refuse_if_never_fits
 
     spec = parse_spec(BASE + "scaling: {num_workers: 2, cpus_per_worker: 2}\n")
     with pytest.raises(SpecError, match=r"scaling: a trial needs num_workers x cpus_per_worker = 2 x 2 CPUs but this cluster has 2"):
@@ -190,7 +190,7 @@ def test_a_trial_larger_than_a_fixed_cluster_is_refused_before_it_runs() -> None
 
 
 def test_min_window_defaults_to_ten_seconds_on_gpu_and_off_on_cpu() -> None:
-    from sweeps.space import resolve_trial
+    from sweeps.search.space import resolve_trial
 
     cpu = parse_spec(BASE)
     gpu = parse_spec(BASE + "scaling: {use_gpu: true, num_workers: 1}\n")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from sweeps.runner import run_sweep
+from sweeps.service.runner import run_sweep
 from sweeps.spec import parse_spec
 
 pytestmark = pytest.mark.ray

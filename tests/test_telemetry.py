@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sweeps.verdict import verdict
+from sweeps.results.verdict import verdict
 from tests.fake_nvml import FakeGpu, FakeNvml
 from trainables import contract
 from trainables.contract import TrialConfig

@@ -1,5 +1,5 @@
 """Ray Train's default callbacks, less Ray Data's when a run has no datasets and less the placement-group
-cleaner where the cluster has no State API (`sweeps.trial`): this fails loudly when Ray stops making
+cleaner where the cluster has no State API (`sweeps.service.trial`): this fails loudly when Ray stops making
 those callbacks or renames the private method our trainer overrides."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 import ray.train
 from ray.train.torch import TorchTrainer
 
-from sweeps import trial
-from sweeps.trial import _lean_torch_trainer
+from sweeps.service import trial
+from sweeps.service.trial import _lean_torch_trainer
 
 
 def _noop(config: dict[str, Any]) -> None:
@@ -73,9 +73,9 @@ def test_every_run_gets_the_sweeps_train_settings_on_a_cluster_too_and_a_users_o
     # what it lacks, and Ray hands that process's values to the run's controller
     from ray.train.v2._internal.constants import get_env_vars_to_propagate
 
-    from sweeps.resources import TRAIN_RUN_ENV
+    from sweeps.service.resources import TRAIN_RUN_ENV
+    from sweeps.service.trial import _torch_trainer
     from sweeps.spec import ScalingSpec
-    from sweeps.trial import _torch_trainer
 
     for key in TRAIN_RUN_ENV:  # unset for the call, and unset again after the test (what it sets does not leak)
         monkeypatch.setenv(key, "")

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from sweeps.failures import classify
+from sweeps.service.failures import classify
 from trainables import contract, registry
 from trainables.batches import move_to_device
 from trainables.contract import TrialConfig

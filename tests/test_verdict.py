@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sweeps.outcome import SweepOutcome, TrialRow
+from sweeps.results.outcome import SweepOutcome, TrialRow
+from sweeps.results.verdict import revise, revise_verdicts, verdict
 from sweeps.spec import parse_spec
-from sweeps.verdict import revise, revise_verdicts, verdict
 
 CPU = {"cpus_per_worker": 1, "cpus_per_loader_worker": 0, "use_gpu": False, "compile": False, "pin_memory": False}
 GPU = {"cpus_per_worker": 4, "use_gpu": True, "compile": False, "pin_memory": False, "batch_size": 256}

@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from examples.image_folder import prepare
-from sweeps.failures import classify
+from sweeps.service.failures import classify
 from trainables import BuildContext, Workload, WorkloadError
 from trainables.launch import main as launch
 
@@ -72,7 +72,7 @@ storage_path: {storage}
 def test_ranks_of_a_warm_group_resolve_relative_paths_where_the_sweep_started(
         ray_cluster: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, new_store: Callable[[Path], Path]) -> None:
     # (a cold trial's ranks: test_sweep.py's image sweep writes and reads its data under the relative default data_dir)
-    from sweeps.runner import run_sweep
+    from sweeps.service.runner import run_sweep
     from sweeps.spec import parse_spec
 
     new_store(tmp_path / "mlflow.db")

@@ -91,7 +91,7 @@ def test_gpt_lm_reports_tokens_and_flops(data_dir: Path) -> None:
 
 def test_the_data_a_trial_makes_is_timed_once_and_found_made_by_the_next(tmp_path: Path) -> None:
     """`time/data_prep_s`: the first trial on a node writes the token shards (part of its build); the next one
-    finds them made, so the ETA can leave that one-off out of what later trials cost (sweeps.progress)."""
+    finds them made, so the ETA can leave that one-off out of what later trials cost (sweeps.service.progress)."""
     first, _ = _run("gpt-lm", tmp_path, steps=2)
     again, _ = _run("gpt-lm", tmp_path, steps=2)
     assert first[contract.DATA_PREP_S] > 0 and first[contract.BUILD_S] >= first[contract.DATA_PREP_S]

@@ -12,13 +12,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-LR_SCHEDULES: tuple[str, ...] = ("constant", "cosine")
+from trainables.knobs import KNOBS, LR_SCHEDULES, PRECISIONS, LoopKnobs  # noqa: F401 - the vocabulary, re-exported
+
 POOL_CLOSED = "closed"  # what a warm pool's queue hands a group when the sweep is over
 POOL_RESIZE = "resize"  # ... when the trials waiting need another number of ranks: the group ends, one of that size follows
 EVAL_PREFIX = "eval/"  # a workload's eval_fn metrics: eval/<name>
 
-# Precision vocabulary (Lightning-style names). "32" is strict fp32 with TF32 off.
-PRECISIONS: tuple[str, ...] = ("32", "tf32", "16-mixed", "bf16-mixed")
 
 # Metric keys are `group/name_unit`. The house vocabulary writes units as `name(unit)`, but
 # MLflow 3 rejects "(", ")" and "%" in metric names, so the unit is a suffix (`_ms`, `_pct`,
@@ -69,6 +68,36 @@ EVALS = "progress/evals"  # periodic evaluations run
 PREDICT_TIME_TO_TARGET_S = "predict/time_to_target_s"  # the noise-scale model's estimate (the sweep adds it)
 QUALITY_GAP_PCT = "quality/gap_pct"  # loss/val vs the sweep's fp32 reference at equal data (the sweep adds it)
 PREDICT_ERROR_PCT = "predict/error_pct"  # predicted / measured time to target - 1, % (the sweep adds it)
+
+
+# Rules a trial's length must meet: one function each, said by the spec (with its field names) and by the
+# loop's own config (the launcher builds it without a spec).
+def window_problem(min_window_s: float, max_window_s: float, max_warmup_s: float) -> str:
+    """Why the time boxes cannot hold ("" when they can)."""
+    if not min_window_s >= 0:
+        return f"min_window_s must be >= 0 (0: num_steps alone sets the length), got {min_window_s}"
+    if not (max_window_s >= 0 and max_warmup_s >= 0):
+        return "max_window_s and max_warmup_s must be >= 0 (0: off)"
+    if max_window_s and max_window_s < min_window_s:
+        return f"max_window_s ({max_window_s:g}) must be >= min_window_s ({min_window_s:g})"
+    return ""
+
+
+def items_problem(num_items: int, num_warmup_steps: int) -> str:
+    """Why an equal-data budget cannot be planned ("" when it can): its steps follow warm-up's items per step."""
+    if num_items and num_warmup_steps < 1:
+        return ("an item budget (num_items) plans its steps from the warm-up's items per step: "
+                "num_warmup_steps must be >= 1")
+    return ""
+
+
+def target_problem(metric: str | None, at_most: float | None, at_least: float | None, eval_every_steps: int) -> str:
+    """Why a target cannot be checked ("" when it can)."""
+    if metric is not None and (at_most is None) == (at_least is None):
+        return "a target needs exactly one of target_max (reach at most) or target_min (at least)"
+    if metric is not None and eval_every_steps < 1:
+        return "a target needs eval_every_steps >= 1 (how often to check it)"
+    return ""
 
 
 def energy_key(unit: str) -> str:
@@ -146,22 +175,16 @@ def is_metric(key: str, value: Any) -> bool:
     )
 
 
-@dataclass(frozen=True)
-class TrialConfig:
-    """Everything one trial's workers need; crosses process boundaries as a plain dict."""
+@dataclass(frozen=True, kw_only=True)
+class TrialConfig(LoopKnobs):
+    """Everything one trial's workers need: the loop's knobs (`LoopKnobs`, declared in
+    `trainables.knobs`) and what the sweep's budget, telemetry and scaling set; crosses process
+    boundaries as a plain dict."""
 
     workload: str
-    batch_size: int  # per worker (rank); the global batch is batch_size * world size
-    precision: str
-    lr: float
     num_steps: int  # measured steps, after warm-up
     num_warmup_steps: int = 5
-    num_dataloader_workers: int = 0
-    pin_memory: bool = False
-    prefetch_factor: int = 2  # batches each loader worker prepares ahead (needs loader workers)
-    persistent_workers: bool = True  # keep loader workers alive across epochs
     telemetry_period_s: float = 1.0  # NVML/psutil sampling period; 0 turns the sampler off
-    compile: bool = False  # torch.compile the model (compile time falls in the untimed warm-up)
     workload_params: dict[str, Any] = field(default_factory=dict)
     use_gpu: bool = False
     threads_per_worker: int = 1
@@ -172,11 +195,6 @@ class TrialConfig:
     loader_timeout_s: float = 120.0  # longest wait for one batch from a loader worker (0: forever)
     collective_timeout_s: float = 600.0  # process-group timeout: a hung peer fails the trial after this
     checkpoint_every_steps: int = 0  # measured steps between checkpoints (0: none); a crashed trial resumes from one
-    grad_accum_steps: int = 1  # micro-batches per optimizer step (DDP syncs gradients on the last one only)
-    max_grad_norm: float = 0.0  # clip the global gradient norm to this after unscaling (0: no clipping)
-    lr_warmup_steps: int = 0  # optimizer steps of linear LR warm-up from lr/lr_warmup_steps to lr
-    lr_schedule: str = "constant"  # after warm-up: "constant", or "cosine" decay to 0 at the last step
-    tf32_under_autocast: bool = False  # mixed precisions: fp32 matmuls/convolutions left by autocast use TF32 (CUDA)
     probe: bool = False  # a memory probe: OOM agreed by all ranks every step, no gradient all-reduce, no validation
     num_items: int = 0  # equal-data budget in the workload's unit, all ranks, warm-up included (0: num_steps rules)
     grad_noise_scale: bool = True  # measure stats/grad_noise_scale (DDP ranks, or micro-batches on one rank)
@@ -188,38 +206,21 @@ class TrialConfig:
     min_window_s: float = 0.0  # the measured window lasts at least this long (more steps than num_steps if needed)
     max_window_s: float = 0.0  # ... and ends once it lasts this long (fewer steps than num_steps if needed; 0: off)
     max_warmup_s: float = 0.0  # warm-up ends once its timed steps (from step 1) last this long (0: off)
-    num_workers: int = 0  # ranks the trial runs on (the sweep sets it; 0: whatever the launcher started, e.g. torchrun)
 
     def __post_init__(self) -> None:
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision {self.precision!r} is not one of {list(PRECISIONS)}")
-        if self.batch_size < 1 or self.num_steps < 1 or self.num_warmup_steps < 0:
-            raise ValueError("batch_size and num_steps must be >= 1, num_warmup_steps >= 0")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if self.grad_accum_steps < 1:
-            raise ValueError(f"grad_accum_steps must be >= 1, got {self.grad_accum_steps}")
-        if self.max_grad_norm < 0 or self.lr_warmup_steps < 0:
-            raise ValueError("max_grad_norm and lr_warmup_steps must be >= 0 (0: off)")
-        if self.lr_schedule not in LR_SCHEDULES:
-            raise ValueError(f"lr_schedule {self.lr_schedule!r} is not one of {list(LR_SCHEDULES)}")
-        if not self.min_window_s >= 0:
-            raise ValueError(f"min_window_s must be >= 0 (0: num_steps alone sets the length), got {self.min_window_s}")
-        if not (self.max_window_s >= 0 and self.max_warmup_s >= 0):
-            raise ValueError("max_window_s and max_warmup_s must be >= 0 (0: off)")
-        if self.max_window_s and self.max_window_s < self.min_window_s:
-            raise ValueError(f"max_window_s ({self.max_window_s:g}) must be >= min_window_s ({self.min_window_s:g})")
-        if self.num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0 (0: the launcher's world size), got {self.num_workers}")
+        for name, (kind, _, k) in KNOBS.items():  # the loop's knobs, by their one declaration
+            value = getattr(self, name)
+            if not (k.allows(kind, value) or (name == "num_workers" and value == 0)):
+                raise ValueError(f"{name} must be {k.rule(kind)}, got {value!r}")
+        if self.num_steps < 1 or self.num_warmup_steps < 0:
+            raise ValueError("num_steps must be >= 1, num_warmup_steps >= 0")
+        problem = window_problem(self.min_window_s, self.max_window_s, self.max_warmup_s) or \
+            items_problem(self.num_items, self.num_warmup_steps) or \
+            target_problem(self.target_metric, self.target_max, self.target_min, self.eval_every_steps)
+        if problem:
+            raise ValueError(problem)
         if self.num_items < 0 or self.eval_every_steps < 0:
             raise ValueError("num_items and eval_every_steps must be >= 0 (0: off)")
-        if self.num_items and self.num_warmup_steps < 1:
-            raise ValueError("an item budget (num_items) plans its steps from the warm-up's items per step: "
-                             "num_warmup_steps must be >= 1")
-        if self.target_metric is not None and (self.target_max is None) == (self.target_min is None):
-            raise ValueError("a target needs exactly one of target_max (reach at most) or target_min (at least)")
-        if self.target_metric is not None and self.eval_every_steps < 1:
-            raise ValueError("a target needs eval_every_steps >= 1 (how often to check it)")
 
     def target_met(self, value: float | None) -> bool:
         if self.target_metric is None or value is None or not math.isfinite(value):

@@ -1,7 +1,7 @@
 """Warm worker groups: Ray Train's start-up paid once per slot and sweep, not once per trial.
 
 ```
- Tune trial (0-CPU driver, sweeps.trial)          TrialQueue (actor)          warm group (one Train run per slot)
+ Tune trial (0-CPU driver, sweeps.service.trial)          TrialQueue (actor)          warm group (one Train run per slot)
    submit(trial, config) ───────────────────────►  pending ──take(slot)──────►  rank 0 ─broadcast─► every rank:
    events(trial) ◄── report / final / failed ────  events  ◄──post(report)───     reset, build, loop (unchanged)
    tune.report(metrics)  (→ Tune, Optuna, MLflow)          ◄──rank_done────      keep serving, or retire
@@ -257,7 +257,7 @@ class GroupSupervisor:
 
     def run(self, queue: Any, slot: int, spec: SweepSpec, storage_path: str, name: str,
             workdir: str | None = None) -> int:
-        from sweeps.trial import make_group_trainer
+        from sweeps.service.trial import make_group_trainer
 
         groups, size, why = 0, spec.first_workers(), "first"
         while not ray.get(queue.is_closed.remote()):

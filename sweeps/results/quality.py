@@ -24,7 +24,7 @@ steps are predicted too expensive); the learning rate is tuned for each batch (l
 costs (compilation, loader start) are not modelled.
 
 **Scaling efficiency.** For a measured trial on N ranks and a measured *twin* on fewer ranks M (equal
-in every other param that changes a step's speed, `sweeps.outcome.twins`: the same per-rank batch,
+in every other param that changes a step's speed, `sweeps.results.outcome.twins`: the same per-rank batch,
 so the global batch grows with the ranks), `perf/scaling_efficiency_pct` = throughput(N) /
 (throughput(M) x N / M) x 100, the global throughput summed over ranks. The twin with the fewest
 ranks is the reference (the smallest count measured), so every count of one configuration is
@@ -40,7 +40,7 @@ import math
 import statistics
 from typing import Any
 
-from sweeps.outcome import MEASURED, SweepOutcome, TrialRow, number, twins
+from sweeps.results.outcome import MEASURED, SweepOutcome, TrialRow, number, twins
 from trainables.contract import (
     EVAL_TOTAL_S,
     EVALS,

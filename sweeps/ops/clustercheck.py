@@ -1,7 +1,7 @@
 """`sweeps cluster-check FILE`: validate a Ray cluster-launcher YAML offline and flag exposures.
 
 Kubernetes manifests (KubeRay `RayCluster`/`RayJob`, MLflow's Deployment and Service) have their own
-checks in `sweeps.clustercheck_k8s`; `check_file` tells the two apart. Launcher checks, each a finding
+checks in `sweeps.ops.clustercheck_k8s`; `check_file` tells the two apart. Launcher checks, each a finding
 with the fix:
 - schema: the file must validate against Ray's own `ray/autoscaler/ray-schema.json`;
 - dashboard: no `--dashboard-host` other than loopback (reach it with `ray dashboard` / SSH);
@@ -15,26 +15,15 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from sweeps.ops.findings import Finding
+
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 _PROJECT = "gpu-sweeps"
-
-
-@dataclass(frozen=True)
-class Finding:
-    check: str
-    message: str
-    path: str = ""  # the field, e.g. spec.workerGroupSpecs[0].rayStartParams.num-gpus
-    doc: str = ""  # the document of a multi-document manifest, e.g. RayJob/gpu-sweep
-
-    def __str__(self) -> str:
-        where = " ".join(p for p in (self.doc, self.path) if p)
-        return f"[{self.check}] {where + ': ' if where else ''}{self.message}"
 
 
 def _commands(config: dict[str, Any]) -> list[str]:
@@ -98,7 +87,7 @@ def check_config(config: Any) -> list[Finding]:
 
 def check_file(path: str | Path) -> list[Finding]:
     """Every finding for a cluster-launcher YAML or a Kubernetes manifest (one or more documents)."""
-    from sweeps.clustercheck_k8s import check_manifests, is_manifest
+    from sweeps.ops.clustercheck_k8s import check_manifests, is_manifest
 
     try:
         docs = list(yaml.safe_load_all(Path(path).read_text()))

@@ -7,9 +7,9 @@ from typing import Any
 
 from ray import tune
 
-from sweeps.failures import signature
-from sweeps.outcome import NOT_FAILED
-from sweeps.search import shared
+from sweeps.results.outcome import NOT_FAILED
+from sweeps.search.searcher import shared
+from sweeps.service.failures import signature
 
 
 class FailureStreak:

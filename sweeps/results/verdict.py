@@ -16,8 +16,8 @@ is a `Move`: the knob it changes and which way (↑ a larger value, *on*, or a v
 | underutilised (CPU) | no GPU; the rank keeps less than 80% of even one core busy: it idles in the gradient all-reduce (waiting for a slower rank) or for a core another process holds | `batch_size` ↑; `precision` `32` where its precision looks emulated |
 | unclear | none of the above (or the figures are missing) | on a CPU, `precision` `32` where its precision looks emulated |
 
-Emulated or native, on a CPU: the machine's measured figures say it where known (`sweeps.sol.emulated`:
-that precision's matmul peak under a quarter of fp32's, copied onto each trial by `sweeps.sol.score`),
+Emulated or native, on a CPU: the machine's measured figures say it where known (`sweeps.results.sol.emulated`:
+that precision's matmul peak under a quarter of fp32's, copied onto each trial by `sweeps.results.sol.score`),
 else the CPU's ISA flags (avx512_bf16/amx_bf16, avx512_fp16/amx_fp16). That is only a reason to try
 `precision 32`; the verdict says the precision *is emulated* once a twin at precision 32 measured it
 faster (below). On a GPU no precision is called emulated.
@@ -33,7 +33,7 @@ exists, else NVML utilisation, which only says that *some* kernel ran in each sa
 single tiny kernel reads as 100%). The all-reduce wait is measured by the DDP comm hook
 (`trainables.noise_scale.CommTimer`); a rank waiting there for a slower peer counts too.
 
-**Scaling.** A trial with a twin on fewer ranks (`sweeps.quality.scaling_twin`) says its scaling
+**Scaling.** A trial with a twin on fewer ranks (`sweeps.results.quality.scaling_twin`) says its scaling
 efficiency against it, right after its facts: "scaling efficiency 62% of linear against 1 rank
 (trial 3: 900/s vs 1,120/s at 2 ranks)".
 
@@ -46,7 +46,7 @@ counting as a difference. Params that do not change a step's speed are not compa
 `lr_effective`, `lr_warmup_steps`, `lr_schedule`, `max_grad_norm`, `seed`), nor those that follow
 from a compared knob (`global_batch_size`, `cpus_reserved`). Worse means: measured (`ok` or
 `infeasible`) and worse on the objective's primary metric in its mode, out of memory (`oom`), or
-degraded (its quality worse than the fp32 reference's, `sweeps.quality`) where this trial is not.
+degraded (its quality worse than the fp32 reference's, `sweeps.results.quality`) where this trial is not.
 A twin that measured *better* keeps the move (this trial is then simply not the best), and so does
 a tie or a twin without the metric. The dropped move becomes a citation of the nearest such twin,
 with both figures and, on a speed objective, the twin's own verdict where it says why ("batch_size
@@ -66,13 +66,20 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from sweeps.effects import Effects, worse
-from sweeps.outcome import MEASURED, SweepOutcome, TrialRow
-from sweeps.outcome import number as _number
-from sweeps.outcome import same as _same
-from sweeps.outcome import twins as _twins
-from sweeps.quality import efficiency, scaling_twin, throughput, workers
-from sweeps.sol import H2D_BW_PCT, INPUT_SOL_PCT, SOL_PCT, emulated, held_to, of_fp32_pct  # against doctor figures
+from sweeps.results.effects import Effects, worse
+from sweeps.results.outcome import MEASURED, SweepOutcome, TrialRow
+from sweeps.results.outcome import number as _number
+from sweeps.results.outcome import same as _same
+from sweeps.results.outcome import twins as _twins
+from sweeps.results.quality import efficiency, scaling_twin, throughput, workers
+from sweeps.results.sol import (  # against doctor figures
+    H2D_BW_PCT,
+    INPUT_SOL_PCT,
+    SOL_PCT,
+    emulated,
+    held_to,
+    of_fp32_pct,
+)
 from sweeps.spec import PARAMS_PREFIX
 from trainables.contract import (
     ALLREDUCE_WAIT_PCT,
@@ -422,7 +429,7 @@ def _confirm(t: TrialRow, move: Move, rows: list[TrialRow]) -> str | None:
 
 def revise(rows: list[TrialRow], metric: str, mode: str, effects: Effects | None = None) -> dict[str, Verdict]:
     """Each measured trial's verdict (by trial_id) with the moves a twin measured worse replaced by that
-    evidence, then those the sweep's measured `effects` (`sweeps.effects`) say are clearly worse replaced by
+    evidence, then those the sweep's measured `effects` (`sweeps.results.effects`) say are clearly worse replaced by
     the effect, and the claims of the moves a twin measured faster said; `metric` and `mode` ("max"/"min")
     are the objective's primary ones."""
     first = {t.trial_id: verdict(t.metrics, t.params) for t in rows if t.status in MEASURED}
@@ -476,7 +483,7 @@ def scaling_note(t: TrialRow, rows: list[TrialRow]) -> str:
 
 
 def sweep_effects(outcome: SweepOutcome) -> Effects | None:
-    """The searched knobs' effects on the objective across the sweep's measured trials (`sweeps.effects`),
+    """The searched knobs' effects on the objective across the sweep's measured trials (`sweeps.results.effects`),
     by the names the trials logged them under (`params.<name>` as `workload.<name>`)."""
     knobs = [f"workload.{k.removeprefix(PARAMS_PREFIX)}" if k.startswith(PARAMS_PREFIX) else k
              for k in outcome.spec.space.searched()]

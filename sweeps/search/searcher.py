@@ -10,7 +10,7 @@ interface, with what a throughput sweep needs:
 - **Monotone skipping.** Once batch b ran out of memory with some memory settings (`oom_key`:
   precision, compile, the trainable's own params), no batch >= b is run with them: such proposals
   are told as infeasible without running, and the sampler asked again. After a memory probe
-  (`sweeps.probe`), settings it did not measure are bounded by the smallest batch it saw fail.
+  (`sweeps.service.probe`), settings it did not measure are bounded by the smallest batch it saw fail.
 - **Grid mode** walks every combination once, smallest batch first, with the same skipping.
 
 Tune copies and pickles searchers, stoppers and callbacks (`tuner.pkl`, experiment state), so
@@ -29,8 +29,8 @@ import optuna
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 from ray.tune.search import Searcher
 
-from sweeps.plan import SIZE, SizeRuns, config_key, finite_points, unvisited
-from sweeps.space import optuna_space
+from sweeps.search.plan import SIZE, SizeRuns, config_key, finite_points, unvisited
+from sweeps.search.space import optuna_space
 from sweeps.spec import PARAMS_PREFIX, ConstraintSpec, SweepSpec, TargetSpec
 from trainables.contract import ELAPSED_S, FINAL, STEPS, TIME_TO_TARGET_S, cv_key_of
 
@@ -55,7 +55,7 @@ class Shared:
     grid_skipped: list[dict[str, Any]] = field(default_factory=list)  # grid points it skipped (out of memory bounds)
     exhausted: str = ""  # why the search handed out no more trials: every configuration of the space has run
     replicate_of: dict[str, str] = field(default_factory=dict)  # a replicate's trial id -> the first trial of its configuration
-    runs: SizeRuns | None = None  # the worker count's runs (sweeps.plan): what the ETA prices restarts by
+    runs: SizeRuns | None = None  # the worker count's runs (sweeps.search.plan): what the ETA prices restarts by
     space_left: int | None = None  # configurations not yet handed out, where the search stops when none is left
 
 
@@ -144,7 +144,7 @@ def oom_skip_reason(token: str, knobs: dict[str, Any]) -> str:
 
 class SweepSearch(Searcher):
     """Tune's public `Searcher` over an Optuna study's public ask/tell, with infeasibility feedback,
-    monotone OOM skipping, grid mode, no configuration twice and runs per worker count (`sweeps.plan`).
+    monotone OOM skipping, grid mode, no configuration twice and runs per worker count (`sweeps.search.plan`).
     Nothing of `OptunaSearch` is used."""
 
     def __init__(self, space: dict[str, Any], metric: str | list[str], mode: str | list[str],

@@ -10,7 +10,7 @@ neighbouring ones share clocks, heat and the loader's state. It also answers ano
 precise one window's mean is) than the one asked here (would a rerun of each configuration keep
 the order), and runs of one configuration usually differ by more than that. A sub-window's spread is a
 plain, conservative bar: it errs towards "not settled", the cheaper mistake. Without the cv of
-either trial nothing is said. The rule is `sweeps.verdict.noise_tie`, which the verdicts use too: a
+either trial nothing is said. The rule is `sweeps.results.verdict.noise_tie`, which the verdicts use too: a
 trial slower than another only within that bar is no evidence against what it ran.
 """
 
@@ -23,10 +23,10 @@ from typing import Any
 
 import yaml
 
-from sweeps.outcome import MEASURED, REPLICATE_TAG, SweepOutcome, TrialRow
-from sweeps.quality import DEGRADED_TAG, efficiency, scaling_twin, workers
+from sweeps.results.outcome import MEASURED, REPLICATE_TAG, SweepOutcome, TrialRow
+from sweeps.results.quality import DEGRADED_TAG, efficiency, scaling_twin, workers
+from sweeps.results.verdict import noise_tie, revise_verdicts, sweep_effects
 from sweeps.spec import KNOBS, PARAMS_PREFIX, CategoricalParam, FixedParam, IntParam, Param, Scalar
-from sweeps.verdict import noise_tie, revise_verdicts, sweep_effects
 from trainables.contract import (
     ALLREDUCE_WAIT_PCT,
     DATA_WAIT_PCT,
@@ -153,7 +153,7 @@ def trials_table(outcome: SweepOutcome) -> str:
 
 
 def effects_said(outcome: SweepOutcome) -> list[str]:
-    """Each searched knob's measured effect on the objective (`sweeps.effects`): first how it was found,
+    """Each searched knob's measured effect on the objective (`sweeps.results.effects`): first how it was found,
     then one line per level; empty where the trials cannot separate the knobs."""
     fx = sweep_effects(outcome)
     if fx is None:
@@ -250,7 +250,7 @@ def rows_from_runs(children: list[Any]) -> list[TrialRow]:
         metrics = {**{k: v for k, v in tags.items() if METRIC_KEY.match(k)}, **child.data.metrics}
         row = TrialRow(tags.get("sweep.trial_id", child.info.run_id), number, params, child.info.run_id,
                        tags.get("sweep.status", "running"), tags.get("sweep.failure_reason", ""), verdict, metrics)
-        row.degraded = tags.get(DEGRADED_TAG, "")  # the reason sweeps.quality tagged it with
+        row.degraded = tags.get(DEGRADED_TAG, "")  # the reason sweeps.results.quality tagged it with
         row.replicate_of = int(tags[REPLICATE_TAG]) if tags.get(REPLICATE_TAG, "").isdigit() else None
         rows.append(row)
     return sorted(rows, key=lambda r: r.number)
@@ -306,7 +306,7 @@ def to_json(outcome: SweepOutcome) -> dict[str, Any]:
 
 
 def next_steps(outcome: SweepOutcome, noise: bool = True) -> str:
-    """What to try next, from the best trial's verdict (the rules live in sweeps.verdict), and whether
+    """What to try next, from the best trial's verdict (the rules live in sweeps.results.verdict), and whether
     the runner-up is as good (`noise`: say so here, where the answer is not shown beside it)."""
     best = outcome.best
     if best is None or not best.verdict:

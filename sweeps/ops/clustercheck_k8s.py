@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from sweeps.clustercheck import Finding
+from sweeps.ops.findings import Finding
 
 GPU = "nvidia.com/gpu"
 _EXPOSED = {"LoadBalancer", "NodePort"}

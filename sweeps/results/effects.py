@@ -1,7 +1,7 @@
 """Each searched knob's measured effect across the whole sweep, not only between exact twins.
 
 A sweep rarely runs two trials that differ in one knob alone (TPE does not walk axes), so the verdicts'
-twin rule (`sweeps.verdict.revise`) seldom fires. The effects come from one least-squares fit of the
+twin rule (`sweeps.results.verdict.revise`) seldom fires. The effects come from one least-squares fit of the
 log of the objective on every searched knob that varied among the measured trials:
 
     log(metric) = b0 + sum over knobs of b[knob, level]    (categorical: one term per level but one)
@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from sweeps.outcome import MEASURED, TrialRow
-from sweeps.outcome import number as _number
+from sweeps.results.outcome import MEASURED, TrialRow
+from sweeps.results.outcome import number as _number
 
 MAX_LEVELS = 6  # a numeric knob with more measured levels than this is fitted as a slope per doubling
 # Student's t, two-sided 95%, by residual degrees of freedom (interpolated from below; 1.96 beyond 30)

@@ -15,18 +15,18 @@ import cloudpickle
 import ray
 from ray import tune
 
-from sweeps.breaker import FailureStreak
-from sweeps.failures import failure_of
-from sweeps.outcome import MEASURED, REPLICATE_TAG, TrialRow, end_status
-from sweeps.plan import SIZE, size_changes
-from sweeps.progress import Costs, TrialCost, progress_line
-from sweeps.search import grid_skips, knobs_of, oom_label, record_oom, shared
-from sweeps.sol import SpeedOfLight
-from sweeps.space import resolve_trial, trial_params
+from sweeps.results.outcome import MEASURED, REPLICATE_TAG, TrialRow, end_status
+from sweeps.results.sol import SpeedOfLight
+from sweeps.results.verdict import verdict
+from sweeps.search.plan import SIZE, size_changes
+from sweeps.search.searcher import grid_skips, knobs_of, oom_label, record_oom, shared
+from sweeps.search.space import resolve_trial, trial_params
+from sweeps.service.breaker import FailureStreak
+from sweeps.service.failures import failure_of
+from sweeps.service.progress import Costs, TrialCost, progress_line
+from sweeps.service.trial import HALT_KEY
 from sweeps.spec import SweepSpec
 from sweeps.tracking import SweepTracker
-from sweeps.trial import HALT_KEY
-from sweeps.verdict import verdict
 from trainables.contract import STEPS
 
 

@@ -1,6 +1,6 @@
 """What runs inside one Tune trial: a Ray Train `TorchTrainer` of the shared loop.
 
-Kept apart from `sweeps.runner` so that a trial's actor imports only Ray Tune, the spec and the
+Kept apart from `sweeps.service.runner` so that a trial's actor imports only Ray Tune, the spec and the
 failure rules, not MLflow, Optuna or the report code (about 1 s less per trial on 2 vCPU).
 """
 
@@ -17,9 +17,9 @@ from typing import Any
 
 from ray import tune
 
-from sweeps.failures import HALT_KINDS, TRANSIENT_KINDS, TrialFailure, classify
-from sweeps.resources import TRAIN_RUN_ENV
-from sweeps.space import resolve_trial
+from sweeps.search.space import resolve_trial
+from sweeps.service.failures import HALT_KINDS, TRANSIENT_KINDS, TrialFailure, classify
+from sweeps.service.resources import TRAIN_RUN_ENV
 from sweeps.spec import ScalingSpec, SweepSpec
 from trainables.contract import CHECKPOINT_FILE, FINAL, TrialConfig
 
@@ -136,7 +136,7 @@ def _torch_trainer(train_fn: Any, config: dict[str, Any], scaling: ScalingSpec, 
     from ray.train.torch import TorchConfig
 
     # Ray Train hands these from this process to the run's controller (`get_env_vars_to_propagate`): a
-    # local sweep's runtime env set them already, a job's may not have (sweeps.resources.TRAIN_RUN_ENV)
+    # local sweep's runtime env set them already, a job's may not have (sweeps.service.resources.TRAIN_RUN_ENV)
     for key, value in TRAIN_RUN_ENV.items():
         os.environ.setdefault(key, value)
     return _lean_torch_trainer()(

@@ -23,9 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sweeps.outcome import NOT_SPEED, pareto_rows
-from sweeps.quality import throughput, workers
-from sweeps.report import (
+from sweeps.results.outcome import NOT_SPEED, pareto_rows
+from sweeps.results.quality import throughput, workers
+from sweeps.results.report import (
     SweepOutcome,
     TrialRow,
     answer,

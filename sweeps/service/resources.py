@@ -84,7 +84,7 @@ def refuse_if_never_fits(spec: SweepSpec, resources: dict[str, float]) -> None:
 # 2 s (a cold trial's reports are taken once per poll: its final report waited up to 2 s, and a queue of
 # interim ones held the trial's node several seconds past its last step), and no preemption-watcher
 # actor (one more process per run, which only logs node drains, and at its start an ERROR line about
-# its constructor arguments, Ray issue 53727; a sweep retries a trial whose node went). `sweeps.trial`
+# its constructor arguments, Ray issue 53727; a sweep retries a trial whose node went). `sweeps.service.trial`
 # sets each where the process starting a run has none, and Ray hands them on to the run's controller.
 TRAIN_RUN_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
 # On a local machine also no metrics callbacks (nothing scrapes them there). Together about 3 s of

@@ -1,7 +1,7 @@
 """Run a sweep, the table of contents: the spec's state (new or resumed), MLflow, Ray, the warm
-pool, the memory probe, then Ray Tune with the sweep's searcher (`sweeps.search`), scheduler,
-stopper (`sweeps.breaker`) and callback (`sweeps.callback`: MLflow, progress, verdicts, statuses)
-over the trial driver (`sweeps.trial`); at the end the outcome, the parent run and the report."""
+pool, the memory probe, then Ray Tune with the sweep's searcher (`sweeps.search.searcher`), scheduler,
+stopper (`sweeps.service.breaker`) and callback (`sweeps.service.callback`: MLflow, progress, verdicts, statuses)
+over the trial driver (`sweeps.service.trial`); at the end the outcome, the parent run and the report."""
 
 from __future__ import annotations
 
@@ -15,19 +15,19 @@ import ray
 from ray import tune
 from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
-from sweeps.breaker import BreakerStopper
-from sweeps.callback import _LIVE, SweepCallback
-from sweeps.connect import connect_ray, sigterm_as_sigint
-from sweeps.outcome import UNFINISHED, SweepOutcome
-from sweeps.pool import WarmPool
-from sweeps.progress import TERMINAL, overhead_line, planned_cost
-from sweeps.quality import annotate, log_updates
-from sweeps.report import rows_from_runs, sweep_note
-from sweeps.resources import DRIVER_RESOURCES, concurrency_note, local_runtime_env, refuse_if_never_fits
-from sweeps.search import make_scheduler, make_searcher, release, shared
-from sweeps.sol import SpeedOfLight
-from sweeps.spec import SweepSpec
-from sweeps.state import (
+from sweeps.results.outcome import UNFINISHED, SweepOutcome
+from sweeps.results.quality import annotate, log_updates
+from sweeps.results.report import rows_from_runs, sweep_note
+from sweeps.results.sol import SpeedOfLight
+from sweeps.results.verdict import revise_verdicts
+from sweeps.search.searcher import make_scheduler, make_searcher, release, shared
+from sweeps.service.breaker import BreakerStopper
+from sweeps.service.callback import _LIVE, SweepCallback
+from sweeps.service.connect import connect_ray, sigterm_as_sigint
+from sweeps.service.pool import WarmPool
+from sweeps.service.progress import TERMINAL, overhead_line, planned_cost
+from sweeps.service.resources import DRIVER_RESOURCES, concurrency_note, local_runtime_env, refuse_if_never_fits
+from sweeps.service.state import (
     SweepExists,
     SweepState,
     experiment_dir,
@@ -36,10 +36,10 @@ from sweeps.state import (
     resume_command,
     sweep_lock,
 )
+from sweeps.service.trial import run_trial
+from sweeps.spec import SweepSpec
 from sweeps.store import absolute_uri
 from sweeps.tracking import SweepTracker
-from sweeps.trial import run_trial
-from sweeps.verdict import revise_verdicts
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ REUSE_TRIAL_ACTORS = True
 
 
 def echo_stdout(line: str) -> None:
-    TERMINAL(line)  # one line per event; on a terminal also a live status line (sweeps.progress)
+    TERMINAL(line)  # one line per event; on a terminal also a live status line (sweeps.service.progress)
 
 
 def run_sweep(spec: SweepSpec, spec_text: str, echo: Callable[[str], None] = echo_stdout,
@@ -154,7 +154,7 @@ def _run(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], state: Sw
     ok = hurried = False
     try:
         if pool is not None and spec.search.probe_batch_size:  # before the search: bounds what it proposes
-            from sweeps.probe import probe_frontier
+            from sweeps.service.probe import probe_frontier
 
             probe_t0 = time.monotonic()
             probe_tags = probe_frontier(spec, pool.queue, token, echo)
@@ -250,7 +250,7 @@ def _conclude(spec: SweepSpec, callback: SweepCallback, tracker: SweepTracker, e
 
 
 def _publish_report(outcome: SweepOutcome, tracker: SweepTracker, echo: Callable[[str], None]) -> None:
-    from sweeps.plots import publish
+    from sweeps.results.plots import publish
 
     try:
         publish(outcome, tracker.client)

@@ -24,7 +24,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sweeps.sol import DOCTOR_EXPERIMENT, DOCTOR_TAG, HARDWARE_TAG, KERNEL_ENV_FACT, annotate_node, hardware_key, score
+from sweeps.results.sol import (
+    DOCTOR_EXPERIMENT,
+    DOCTOR_TAG,
+    HARDWARE_TAG,
+    KERNEL_ENV_FACT,
+    annotate_node,
+    hardware_key,
+    score,
+)
 
 logger = logging.getLogger(__name__)
 NODE_TIMEOUT_S = {True: 120.0, False: 600.0}  # per node, quick or full
@@ -186,7 +194,7 @@ def _telemetry_checks(facts: dict[str, Any], report: dict[str, Any] | None, gpu:
 
 
 def _oom_check(oom: Callable[[], tuple[str, str]] | None) -> Check:
-    from sweeps.failures import classify
+    from sweeps.service.failures import classify
 
     if oom is None:
         from trainables.doctor_checks import Device, provoke_oom
@@ -231,7 +239,7 @@ def run_cluster(address: str, quick: bool, gpu_checks: bool, storage_path: str) 
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from sweeps.resources import local_runtime_env
+    from sweeps.service.resources import local_runtime_env
 
     ours = not ray.is_initialized()  # a caller's (or a test's) connection is used and left open
     if ours:

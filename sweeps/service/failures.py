@@ -12,7 +12,7 @@ import errno
 import re
 from collections.abc import Iterator
 
-from sweeps.outcome import at_word
+from sweeps.results.outcome import at_word
 from trainables.errors import DivergedError, UnsupportedError, WorkloadError
 
 KINDS: tuple[str, ...] = ("unsupported", "oom", "diverged", "disk_full", "config", "dataloader", "crash", "error")

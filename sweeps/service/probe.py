@@ -31,11 +31,11 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from sweeps.failures import classify
-from sweeps.search import record_probe
-from sweeps.space import resolve_trial
+from sweeps.search.searcher import record_probe
+from sweeps.search.space import resolve_trial
+from sweeps.service.failures import classify
+from sweeps.service.trial import WarmFailure, warm_reports
 from sweeps.spec import PARAMS_PREFIX, CategoricalParam, FixedParam, FloatParam, IntParam, Param, SweepSpec
-from sweeps.trial import WarmFailure, warm_reports
 
 _PROBE_STEPS = 2
 

@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from sweeps.outcome import MEASURED, NOT_FAILED, UNFINISHED, TrialRow, at_word
-from sweeps.plan import SIZE, SizeRuns, planned_trials, size_changes
+from sweeps.results.outcome import MEASURED, NOT_FAILED, UNFINISHED, TrialRow, at_word
+from sweeps.search.plan import SIZE, SizeRuns, planned_trials, size_changes
 from sweeps.spec import CategoricalParam, FixedParam, SweepSpec
 from trainables.contract import DATA_PREP_S, LOOP_S, TRIAL_IN_GROUP, WARMUP_S, WARMUP_STEPS_S, WINDOW_S, cv_key_of
 
@@ -65,7 +65,7 @@ class ProgressLine(str):
 
 def planned_restarts(spec: SweepSpec) -> float:
     """Warm-group restarts the whole sweep is expected to need to change its worker count: the runs of
-    `sweeps.plan.SizeRuns`, or the grid's order (the count varies slowest); 0 when it is not searched."""
+    `sweeps.search.plan.SizeRuns`, or the grid's order (the count varies slowest); 0 when it is not searched."""
     runs = SizeRuns.of(spec) if spec.scaling.reuse_workers else None
     if runs is not None:
         return runs.expected_restarts(planned_trials(spec))
@@ -155,7 +155,7 @@ class TrialCost:
 class Costs:
     """What the ETA knows beyond the rows: the trials this driver saw end (`ended`), each running trial's
     precision and seconds run so far (`running`), and the precisions the sweep measured emulated on this
-    machine before its first trial (`emulated`: a CPU's bf16/fp16 without native kernels, `sweeps.sol`), and
+    machine before its first trial (`emulated`: a CPU's bf16/fp16 without native kernels, `sweeps.results.sol`), and
     the precision of each grid point that will never run (`skipped`: out of memory bounds, `search.grid_skips`)."""
 
     ended: list[TrialCost]
@@ -163,7 +163,7 @@ class Costs:
     emulated: frozenset[str] = frozenset()
     skipped: list[str] = field(default_factory=list)
     # warm groups: what one took to start on this cluster, and how many restarts the trials to come are expected
-    # to need (a change of worker count: `sweeps.plan.SizeRuns.expected_restarts`, grid's order)
+    # to need (a change of worker count: `sweeps.search.plan.SizeRuns.expected_restarts`, grid's order)
     group_start_s: float = 0.0
     restarts: float = 0.0
     space_left: int | None = None  # configurations the search has yet to hand out (a finite space that stops)
