@@ -185,7 +185,7 @@ def test_rayjob_runs_the_spec_of_its_configmap() -> None:
     # what a trial holds at once fits the worker pod, times the concurrent trials
     worker = job["rayClusterSpec"]["workerGroupSpecs"][0]
     limits = worker["template"]["spec"]["containers"][0]["resources"]["limits"]
-    loaders = spec.space.num_dataloader_workers
+    loaders = spec.space.held("num_dataloader_workers")
     assert isinstance(loaders, CategoricalParam)
     need = spec.scaling.per_trial(max(int(n) for n in loaders.choices))
     assert need["GPU"] * spec.budget.max_concurrent_trials <= int(limits[GPU])

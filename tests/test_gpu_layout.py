@@ -24,7 +24,7 @@ def test_layouts_ddp_cannot_run_or_would_misreport_are_refused(scaling: str, exp
 
 
 def test_accelerator_type_reaches_ray_train() -> None:
-    from sweeps.search.space import resolve_trial
+    from sweeps.search.trials import resolve_trial
     from sweeps.service.trial import make_trainer
 
     spec = parse_spec(BASE + "scaling: {use_gpu: true, accelerator_type: H100, num_workers: 4}\n")

@@ -204,7 +204,8 @@ def test_time_boxes_end_warm_up_and_window_on_the_clock_not_the_step_count(data_
     assert 0.3 <= final[contract.WINDOW_S] < 1.2
     assert 3 <= final[contract.STEPS] < 100_000
     assert contract.throughput_cv_key("samples") in final  # never fewer sub-windows than the noise figure needs
-    assert final[contract.WARMUP_S] < 3.0  # 1000 warm-up steps were not run
+    assert final[contract.WARMUP_STEPS_S] < 3.0  # 1000 warm-up steps were not run (the build before them is no
+    # step: beside another busy process it took 6.5 s here, which says nothing about the box)
     # what the warm-up box bounds is its timed steps (from step 1), not the build before them
     assert 0 < final[contract.WARMUP_STEPS_S] < final[contract.WARMUP_S]
 

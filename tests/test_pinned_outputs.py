@@ -70,7 +70,7 @@ def pinned() -> dict[str, Any]:
     out["demo spec"] = json.loads(spec.model_dump_json())
     out["planned"] = planned_cost(spec, 8.0)
     try:
-        from sweeps.search.space import resolve_trial, trial_params
+        from sweeps.search.trials import resolve_trial, trial_params
     except ImportError:  # after the move
         from sweeps.search.searcher.trials import resolve_trial, trial_params  # type: ignore[no-redef]
     cfg = resolve_trial(spec, {"precision": "bf16-mixed", "batch_size": 64, "num_dataloader_workers": 1})

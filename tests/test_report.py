@@ -45,10 +45,11 @@ from sweeps.results.report import (
     trials_table,
 )
 from sweeps.results.verdict import revise_verdicts
-from sweeps.search.space import resolve_trial, trial_params
-from sweeps.spec import KNOBS, parse_spec
+from sweeps.search.trials import resolve_trial, trial_params
+from sweeps.spec import parse_spec
 from sweeps.tracking import SweepTracker, ui_hint, ui_links
 from tests.test_verdict import gpu_row, h100_rows
+from trainables.knobs import KNOBS
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 REPO = Path(__file__).resolve().parents[1]

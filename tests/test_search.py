@@ -11,6 +11,7 @@ import optuna
 import pytest
 
 from sweeps.search.searcher import SweepSearch, grid_skips, make_scheduler, make_searcher, record_oom, release, shared
+from sweeps.search.trials import fixed_knobs
 from sweeps.spec import parse_spec
 from trainables.contract import FINAL
 
@@ -126,7 +127,7 @@ def test_constraints_teach_the_sampler_the_infeasible_region(token: str) -> None
 def test_grid_visits_every_point_once_smallest_batch_first_and_skips_above_oom(token: str) -> None:
     text = SPEC.replace("num_trials: 50", "num_trials: 8") + "search: {algorithm: grid}\n"
     search = _searcher(text, token)
-    fixed = parse_spec(text).fixed_knobs()
+    fixed = fixed_knobs(parse_spec(text))
     assert grid_skips(token, fixed) == []
     seen = []
     for i in range(8):

@@ -190,7 +190,7 @@ def test_a_trial_larger_than_a_fixed_cluster_is_refused_before_it_runs() -> None
 
 
 def test_min_window_defaults_to_ten_seconds_on_gpu_and_off_on_cpu() -> None:
-    from sweeps.search.space import resolve_trial
+    from sweeps.search.trials import resolve_trial
 
     cpu = parse_spec(BASE)
     gpu = parse_spec(BASE + "scaling: {use_gpu: true, num_workers: 1}\n")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sweeps.cli import main
-from sweeps.search.space import resolve_trial, trial_params
+from sweeps.search.trials import resolve_trial, trial_params
 from sweeps.spec import SpecError, load_spec, parse_spec
 
 REPO = Path(__file__).resolve().parents[1]

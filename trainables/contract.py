@@ -70,8 +70,8 @@ QUALITY_GAP_PCT = "quality/gap_pct"  # loss/val vs the sweep's fp32 reference at
 PREDICT_ERROR_PCT = "predict/error_pct"  # predicted / measured time to target - 1, % (the sweep adds it)
 
 
-# Rules a trial's length must meet: one function each, said by the spec (with its field names) and by the
-# loop's own config (the launcher builds it without a spec).
+# Rules a trial's length must meet: one function each, said by the spec (its field names prefixed) and by
+# the loop's own config (the launcher builds it without a spec).
 def window_problem(min_window_s: float, max_window_s: float, max_warmup_s: float) -> str:
     """Why the time boxes cannot hold ("" when they can)."""
     if not min_window_s >= 0:
@@ -79,24 +79,26 @@ def window_problem(min_window_s: float, max_window_s: float, max_warmup_s: float
     if not (max_window_s >= 0 and max_warmup_s >= 0):
         return "max_window_s and max_warmup_s must be >= 0 (0: off)"
     if max_window_s and max_window_s < min_window_s:
-        return f"max_window_s ({max_window_s:g}) must be >= min_window_s ({min_window_s:g})"
+        return (f"max_window_s: {max_window_s:g} is below min_window_s: {min_window_s:g}; raise max_window_s or "
+                "lower min_window_s")
     return ""
 
 
-def items_problem(num_items: int, num_warmup_steps: int) -> str:
-    """Why an equal-data budget cannot be planned ("" when it can): its steps follow warm-up's items per step."""
+def items_problem(budget: str, num_items: int, num_warmup_steps: int) -> str:
+    """Why an equal-data budget (`budget`: its name) cannot be planned ("" when it can): its steps follow
+    warm-up's items per step."""
     if num_items and num_warmup_steps < 1:
-        return ("an item budget (num_items) plans its steps from the warm-up's items per step: "
-                "num_warmup_steps must be >= 1")
+        return f"{budget} plans each trial's steps from its warm-up's items per step: num_warmup_steps must be >= 1"
     return ""
 
 
-def target_problem(metric: str | None, at_most: float | None, at_least: float | None, eval_every_steps: int) -> str:
-    """Why a target cannot be checked ("" when it can)."""
+def target_problem(metric: str | None, at_most: float | None, at_least: float | None, eval_every_steps: int,
+                   cadence: str = "eval_every_steps") -> str:
+    """Why a target cannot be checked ("" when it can); `cadence`: the name of its evaluation cadence."""
     if metric is not None and (at_most is None) == (at_least is None):
-        return "a target needs exactly one of target_max (reach at most) or target_min (at least)"
+        return "a target is one bound: max (reach at most, e.g. a loss) or min (at least, e.g. accuracy)"
     if metric is not None and eval_every_steps < 1:
-        return "a target needs eval_every_steps >= 1 (how often to check it)"
+        return f"set {cadence} (how often each trial checks the target, e.g. 20)"
     return ""
 
 
@@ -215,7 +217,7 @@ class TrialConfig(LoopKnobs):
         if self.num_steps < 1 or self.num_warmup_steps < 0:
             raise ValueError("num_steps must be >= 1, num_warmup_steps >= 0")
         problem = window_problem(self.min_window_s, self.max_window_s, self.max_warmup_s) or \
-            items_problem(self.num_items, self.num_warmup_steps) or \
+            items_problem("num_items", self.num_items, self.num_warmup_steps) or \
             target_problem(self.target_metric, self.target_max, self.target_min, self.eval_every_steps)
         if problem:
             raise ValueError(problem)

@@ -30,6 +30,7 @@ class Knob:
     group: str = "loop"  # "loop" or "optim": the spec's error lists them apart
     implicit: bool = True  # a spec that does not name it holds it at its default in its space (and logs it)
     flag: bool = True  # a `trainables.launch` flag (False: the launcher sets it itself)
+    speed: bool = True  # it changes a step's speed (False: the optimizer's numbers only; twins are not told apart by it)
 
     def rule(self, kind: type) -> str:
         """What values are allowed, in words."""
@@ -71,7 +72,7 @@ class LoopKnobs:
                             note="ranks per trial, one GPU each with use_gpu", implicit=False, flag=False)
     batch_size: int = knob(32, "samples per rank per micro-batch", note="per worker")
     precision: str = knob("32", "the loop's precision: autocast, and a GradScaler for 16-mixed", choices=PRECISIONS)
-    lr: float = knob(1e-3, "the optimizer's learning rate (before lr_scaling)")
+    lr: float = knob(1e-3, "the optimizer's learning rate (before lr_scaling)", speed=False)
     num_dataloader_workers: int = knob(0, "loader worker processes per rank", minimum=0)
     pin_memory: bool = knob(False, "pinned host memory for the batches (CUDA only)")
     prefetch_factor: int = knob(2, "batches per loader worker in flight", note="batches per loader worker in flight")
@@ -83,11 +84,11 @@ class LoopKnobs:
     grad_accum_steps: int = knob(1, "micro-batches per optimizer step", note="micro-batches per optimizer step",
                                  group="optim", implicit=False)
     max_grad_norm: float = knob(0.0, "clip the global gradient norm to this after unscaling (0: off)",
-                                note="0: no clipping", minimum=0, group="optim", implicit=False)
+                                note="0: no clipping", minimum=0, group="optim", implicit=False, speed=False)
     lr_warmup_steps: int = knob(0, "optimizer steps of linear LR warm-up", note="optimizer steps of linear LR warm-up",
-                                minimum=0, group="optim", implicit=False)
+                                minimum=0, group="optim", implicit=False, speed=False)
     lr_schedule: str = knob("constant", "after warm-up: constant, or cosine decay to 0 at the last step",
-                            choices=LR_SCHEDULES, group="optim", implicit=False)
+                            choices=LR_SCHEDULES, group="optim", implicit=False, speed=False)
 
 def declared() -> dict[str, tuple[type, Any, Knob]]:
     """Every loop knob: name -> (type, default, what it is), in declaration order."""

@@ -23,7 +23,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainables.contract import CHECKPOINT_FILE, LR_SCHEDULES, PRECISIONS, TrialConfig
+from trainables.contract import CHECKPOINT_FILE, TrialConfig
+from trainables.knobs import KNOBS
 from trainables.loop import train
 from trainables.pool_worker import naming_workdir
 from trainables.reporting import JsonlReporter, keep_checkpoint
@@ -42,13 +43,25 @@ class DirCheckpointReporter(JsonlReporter):
         super().report(metrics, checkpoint_dir)
 
 
+def add_knob_flags(p: argparse.ArgumentParser) -> None:
+    """A flag per loop knob, from its one declaration (`trainables.knobs`): `--batch-size 32`; a switch
+    that is off by default `--pin-memory`, one that is on `--no-persistent-workers`."""
+    for name, (kind, default, declared) in KNOBS.items():
+        if not declared.flag:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if kind is bool:
+            action = "store_false" if default else "store_true"
+            p.add_argument(flag if not default else "--no-" + flag[2:], dest=name, action=action, help=declared.help)
+        else:
+            p.add_argument(flag, type=kind, default=default, choices=declared.choices, help=declared.help)
+
+
 def _parse(argv: list[str] | None) -> tuple[Path | None, TrialConfig]:
     p = argparse.ArgumentParser(prog="python -m trainables.launch", description=__doc__)
     p.add_argument("--workload", default="image-cnn")
     p.add_argument("--params", default="{}", help="workload params as JSON, e.g. '{\"width\": 32}'")
-    p.add_argument("--batch-size", type=int, default=32, help="per worker")
-    p.add_argument("--precision", choices=PRECISIONS, default="32")
-    p.add_argument("--lr", type=float, default=1e-3)
+    add_knob_flags(p)
     p.add_argument("--num-steps", type=int, default=50)
     p.add_argument("--num-warmup-steps", type=int, default=5)
     p.add_argument("--min-window-s", type=float, default=0.0,
@@ -60,12 +73,7 @@ def _parse(argv: list[str] | None) -> tuple[Path | None, TrialConfig]:
     p.add_argument("--max-warmup-s", type=float, default=0.0,
                    help="warm-up ends once its timed steps (after step 0) last this long (never fewer than 2 steps; "
                    "the sweep's budget.max_warmup_s; 0: off)")
-    p.add_argument("--num-dataloader-workers", type=int, default=0)
-    p.add_argument("--pin-memory", action="store_true")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model")
-    p.add_argument("--prefetch-factor", type=int, default=2)
     p.add_argument("--telemetry-period-s", type=float, default=1.0, help="0 turns the NVML/psutil sampler off")
-    p.add_argument("--no-persistent-workers", dest="persistent_workers", action="store_false")
     p.add_argument("--threads-per-worker", type=int, default=1)
     p.add_argument("--report-interval-s", type=float, default=10.0)
     p.add_argument("--seed", type=int, default=0)
@@ -74,11 +82,6 @@ def _parse(argv: list[str] | None) -> tuple[Path | None, TrialConfig]:
     p.add_argument("--loader-timeout-s", type=float, default=120.0, help="longest wait for one batch (0: forever)")
     p.add_argument("--collective-timeout-s", type=float, default=600.0, help="process-group timeout (hung peer)")
     p.add_argument("--checkpoint-every-steps", type=int, default=0, help="save a checkpoint every N measured steps")
-    p.add_argument("--grad-accum-steps", type=int, default=1, help="micro-batches per optimizer step")
-    p.add_argument("--max-grad-norm", type=float, default=0.0, help="clip the gradient norm (0: off)")
-    p.add_argument("--lr-warmup-steps", type=int, default=0, help="linear LR warm-up steps")
-    p.add_argument("--lr-schedule", choices=LR_SCHEDULES, default="constant")
-    p.add_argument("--tf32-under-autocast", action="store_true", help="mixed precisions: TF32 for fp32 matmuls (CUDA)")
     p.add_argument("--num-items", type=int, default=0, help="equal-data budget in the workload's unit, all ranks, "
                    "warm-up included (replaces --num-steps; 0: off)")
     p.add_argument("--eval-every-steps", type=int, default=0, help="evaluate every N optimizer steps (0: at the end)")
@@ -100,17 +103,13 @@ def _parse(argv: list[str] | None) -> tuple[Path | None, TrialConfig]:
         if not target:
             p.error("--target: write METRIC<=VALUE or METRIC>=VALUE, e.g. 'loss/val<=3.2'")
     return a.checkpoint_dir, TrialConfig(
-        workload=a.workload, workload_params=json.loads(a.params), batch_size=a.batch_size,
-        precision=a.precision, lr=a.lr, num_steps=a.num_steps, num_warmup_steps=a.num_warmup_steps,
-        num_dataloader_workers=a.num_dataloader_workers, pin_memory=a.pin_memory, compile=a.compile,
-        prefetch_factor=a.prefetch_factor, persistent_workers=a.persistent_workers,
-        telemetry_period_s=a.telemetry_period_s,
+        **{k: getattr(a, k) for k, (_, _, declared) in KNOBS.items() if declared.flag},
+        workload=a.workload, workload_params=json.loads(a.params), num_steps=a.num_steps,
+        num_warmup_steps=a.num_warmup_steps, telemetry_period_s=a.telemetry_period_s,
         use_gpu=torch.cuda.is_available(), threads_per_worker=a.threads_per_worker,
         report_interval_s=a.report_interval_s, seed=a.seed, data_dir=a.data_dir, metrics_path=a.metrics_path,
         loader_timeout_s=a.loader_timeout_s, collective_timeout_s=a.collective_timeout_s,
-        checkpoint_every_steps=a.checkpoint_every_steps, grad_accum_steps=a.grad_accum_steps,
-        max_grad_norm=a.max_grad_norm, lr_warmup_steps=a.lr_warmup_steps, lr_schedule=a.lr_schedule,
-        tf32_under_autocast=a.tf32_under_autocast, num_items=a.num_items, eval_every_steps=a.eval_every_steps,
+        checkpoint_every_steps=a.checkpoint_every_steps, num_items=a.num_items, eval_every_steps=a.eval_every_steps,
         min_window_s=a.min_window_s,
         max_window_s=a.max_window_s,
         max_warmup_s=a.max_warmup_s,

@@ -7,6 +7,7 @@ from typing import Any
 
 from sweeps.spec import SweepSpec
 from trainables.contract import ELAPSED_S, EVALS, FINAL, STEPS, TARGET_BEST, TIME_TO_TARGET_S
+from trainables.knobs import KNOBS
 
 
 def at_word(text: str, width: int) -> str:
@@ -72,11 +73,11 @@ def end_status(spec: SweepSpec, metrics: dict[str, Any], tripped: str, out_of_ti
     return "stopped", "ended without its final report", []
 
 
-# Not compared between twins: params that do not change a step's speed, and those that follow from a
-# knob compared itself (global batch from batch_size and num_workers, the CPUs reserved from the loader
-# workers and the ranks).
-NOT_SPEED = frozenset({"lr", "lr_effective", "lr_warmup_steps", "lr_schedule", "max_grad_norm", "seed",
-                       "global_batch_size", "cpus_reserved"})
+# Not compared between twins: the knobs declared not to change a step's speed (`Knob.speed`), the rate the
+# optimizer ran with and the seed, and what follows from a knob compared itself (global batch from batch_size
+# and num_workers, the CPUs reserved from the loader workers and the ranks).
+NOT_SPEED = frozenset({k for k, (_, _, declared) in KNOBS.items() if not declared.speed}
+                      | {"lr_effective", "seed", "global_batch_size", "cpus_reserved"})
 
 
 def number(v: Any) -> float | None:

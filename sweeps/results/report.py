@@ -26,7 +26,7 @@ import yaml
 from sweeps.results.outcome import MEASURED, REPLICATE_TAG, SweepOutcome, TrialRow
 from sweeps.results.quality import DEGRADED_TAG, efficiency, scaling_twin, workers
 from sweeps.results.verdict import noise_tie, revise_verdicts, sweep_effects
-from sweeps.spec import KNOBS, PARAMS_PREFIX, CategoricalParam, FixedParam, IntParam, Param, Scalar
+from sweeps.spec import PARAMS_PREFIX, CategoricalParam, FixedParam, IntParam, Param, Scalar
 from trainables.contract import (
     ALLREDUCE_WAIT_PCT,
     DATA_WAIT_PCT,
@@ -37,6 +37,7 @@ from trainables.contract import (
     THROUGHPUT_UNITS,
     throughput_cv_key,
 )
+from trainables.knobs import KNOBS
 
 
 def _fmt(v: Any) -> str:
@@ -211,9 +212,9 @@ _FROM_TEXT: dict[type, Callable[[str], Scalar]] = {bool: _BOOLS.__getitem__, int
 
 
 def _knob_value(knob: str, value: Any) -> Scalar:
-    """A knob's value in the type `sweeps.spec.KNOBS` gives it, read from its text as MLflow keeps it
+    """A knob's value in the type its declaration gives it (`trainables.knobs`), read from its text as MLflow keeps it
     (`str(v)`); guessing the type back instead reads precision "32" as the number 32."""
-    return _FROM_TEXT[KNOBS[knob][1]](str(value))
+    return _FROM_TEXT[KNOBS[knob][0]](str(value))
 
 
 def _param_value(p: Param, value: Any) -> Scalar:

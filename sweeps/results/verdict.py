@@ -42,8 +42,8 @@ whether its move pays off; the sweep may have measured it. A move is dropped whe
 trial ran it and did worse: a trial that differs in the move's knob in the move's direction (a
 larger `batch_size` for ↑, `compile` on, the named precision) and equals this one in every other
 logged param, numbers compared as numbers (`128` = `"128"`), a param only one of them logged
-counting as a difference. Params that do not change a step's speed are not compared (`lr`,
-`lr_effective`, `lr_warmup_steps`, `lr_schedule`, `max_grad_norm`, `seed`), nor those that follow
+counting as a difference. Params that do not change a step's speed are not compared (the knobs
+declared so in `trainables.knobs`, `lr_effective`, `seed`), nor those that follow
 from a compared knob (`global_batch_size`, `cpus_reserved`). Worse means: measured (`ok` or
 `infeasible`) and worse on the objective's primary metric in its mode, out of memory (`oom`), or
 degraded (its quality worse than the fp32 reference's, `sweeps.results.quality`) where this trial is not.

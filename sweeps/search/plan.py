@@ -22,6 +22,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from sweeps.search.trials import first_workers, worker_counts
 from sweeps.spec import SweepSpec
 
 MAX_POINTS = 100_000  # a finite space larger than this is treated as unbounded (never enumerated)
@@ -74,10 +75,10 @@ class SizeRuns:
     @classmethod
     def of(cls, spec: SweepSpec) -> SizeRuns | None:
         """None when the count is not searched, or the search is grid (whose order holds it already)."""
-        if spec.space.num_workers is None or spec.search.algorithm == "grid" or len(spec.worker_counts()) < 2:
+        if spec.space.num_workers is None or spec.search.algorithm == "grid" or len(worker_counts(spec)) < 2:
             return None
-        sizes = spec.worker_counts()
-        first = spec.first_workers()
+        sizes = worker_counts(spec)
+        first = first_workers(spec)
         run = spec.search.trials_per_size or max(1, math.ceil(spec.budget.num_trials / (len(sizes) + 1)))
         return cls(sizes, run, unvisited=[first, *[s for s in sizes if s != first]])
 

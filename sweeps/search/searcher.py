@@ -31,6 +31,7 @@ from ray.tune.search import Searcher
 
 from sweeps.search.plan import SIZE, SizeRuns, config_key, finite_points, unvisited
 from sweeps.search.space import optuna_space
+from sweeps.search.trials import fixed_knobs
 from sweeps.spec import PARAMS_PREFIX, ConstraintSpec, SweepSpec, TargetSpec
 from trainables.contract import ELAPSED_S, FINAL, STEPS, TIME_TO_TARGET_S, cv_key_of
 
@@ -432,7 +433,7 @@ def make_searcher(spec: SweepSpec, token: str) -> SweepSearch | None:
         mode=list(obj.modes) if obj.multi else obj.primary_mode,
         sampler=sampler,  # seeded
         token=token,
-        fixed=spec.fixed_knobs(),
+        fixed=fixed_knobs(spec),
         # a target is a constraint too: a trial that misses it is infeasible, by how far it stayed
         constraints=[*obj.constraints, *([obj.target] if obj.target is not None else [])],
         grid=spec.space.grid_points() if grid else None,
@@ -482,4 +483,4 @@ def knobs_of(spec: SweepSpec, row: Any) -> dict[str, Any]:
     """A trial's knobs as the searcher names them: its logged params carry the trainable's own as
     `workload.<name>`; the space names them `params.<name>`."""
     own = {f"{PARAMS_PREFIX}{n}": row.params[f"workload.{n}"] for n in spec.space.params if f"workload.{n}" in row.params}
-    return {**spec.fixed_knobs(), **row.params, **own}
+    return {**fixed_knobs(spec), **row.params, **own}

@@ -20,7 +20,7 @@ from sweeps.results.sol import SpeedOfLight
 from sweeps.results.verdict import verdict
 from sweeps.search.plan import SIZE, size_changes
 from sweeps.search.searcher import grid_skips, knobs_of, oom_label, record_oom, shared
-from sweeps.search.space import resolve_trial, trial_params
+from sweeps.search.trials import fixed_knobs, resolve_trial, trial_params
 from sweeps.service.breaker import FailureStreak
 from sweeps.service.failures import failure_of
 from sweeps.service.progress import Costs, TrialCost, progress_line
@@ -207,7 +207,7 @@ class SweepCallback(tune.Callback):
         running = [(self._precision(k), now - t) for k, t in self._began.items() if k not in self._ended]
         slow = self.speed_of_light.emulated_precisions() \
             if self.speed_of_light is not None and not self.spec.scaling.use_gpu else frozenset()
-        skipped = [str(k.get("precision")) for k in grid_skips(self.token, self.spec.fixed_knobs())]
+        skipped = [str(k.get("precision")) for k in grid_skips(self.token, fixed_knobs(self.spec))]
         group_s, restarts = self._restarts()
         return progress_line(self.spec, row, list(self.rows.values()), time.monotonic() - self.t0,
                              Costs(ended, running, slow, skipped, group_s, restarts, shared(self.token).space_left))

@@ -32,6 +32,7 @@ from typing import Any
 
 import ray
 
+from sweeps.search.trials import first_workers
 from sweeps.spec import SweepSpec
 from trainables.contract import FINAL
 from trainables.contract import POOL_CLOSED as CLOSED
@@ -259,7 +260,7 @@ class GroupSupervisor:
             workdir: str | None = None) -> int:
         from sweeps.service.trial import make_group_trainer
 
-        groups, size, why = 0, spec.first_workers(), "first"
+        groups, size, why = 0, first_workers(spec), "first"
         while not ray.get(queue.is_closed.remote()):
             groups += 1
             size = int(ray.get(queue.size_for.remote(slot, size)))  # a group that ended to resize named it

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sweeps.search.searcher import record_probe
-from sweeps.search.space import resolve_trial
+from sweeps.search.trials import fixed_knobs, resolve_trial, worker_counts
 from sweeps.service.failures import classify
 from sweeps.service.trial import WarmFailure, warm_reports
 from sweeps.spec import PARAMS_PREFIX, CategoricalParam, FixedParam, FloatParam, IntParam, Param, SweepSpec
@@ -84,12 +84,12 @@ def memory_settings(spec: SweepSpec) -> list[dict[str, Any]]:
     """Every combination of the memory settings (`search.oom_key`) the probe measures: every
     choice of a categorical, the value of a fixed one, a range's first value."""
     space = spec.space
-    knobs: dict[str, Param] = {"precision": space.precision, "compile": space.compile}
+    knobs: dict[str, Param] = {"precision": space.held("precision"), "compile": space.held("compile")}
     knobs |= {PARAMS_PREFIX + name: p for name, p in space.params.items()}
     values = [list(p.choices) if isinstance(p, CategoricalParam) else [_first(p)] for p in knobs.values()]
     # the worker count slowest: the warm groups are resized once per count
     return [{"num_workers": n, **dict(zip(knobs, combo, strict=True))}
-            for n in spec.worker_counts() for combo in itertools.product(*values)]
+            for n in worker_counts(spec) for combo in itertools.product(*values)]
 
 
 def _frontier(queue: Any, spec: SweepSpec, knobs: dict[str, Any], candidates: list[int]) -> tuple[int, int, list[str], str]:
@@ -127,10 +127,10 @@ def probe_frontier(spec: SweepSpec, queue: Any, token: str, echo: Callable[[str]
     searched = space.searched()
     others = {k: _first(p) for k, p in searched.items()
               if k not in ("batch_size", "precision", "compile", "num_workers") and not k.startswith(PARAMS_PREFIX)}
-    candidates = batch_candidates(space.batch_size)
+    candidates = batch_candidates(space.held("batch_size"))
     tags: dict[str, str] = {}
     for setting in memory_settings(spec):
-        knobs = {**spec.fixed_knobs(), **others, **setting}
+        knobs = {**fixed_knobs(spec), **others, **setting}
         lo, hi, tried, note = _frontier(queue, spec, knobs, candidates)
         failed = candidates[hi] if hi < len(candidates) else None
         record_probe(token, knobs, failed, measured=not note)

@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 from sweeps.results.outcome import MEASURED, NOT_FAILED, UNFINISHED, TrialRow, at_word
 from sweeps.search.plan import SIZE, SizeRuns, planned_trials, size_changes
+from sweeps.search.trials import first_workers, trial_clock
 from sweeps.spec import CategoricalParam, FixedParam, SweepSpec
 from trainables.contract import DATA_PREP_S, LOOP_S, TRIAL_IN_GROUP, WARMUP_S, WARMUP_STEPS_S, WINDOW_S, cv_key_of
 
@@ -70,7 +71,7 @@ def planned_restarts(spec: SweepSpec) -> float:
     if runs is not None:
         return runs.expected_restarts(planned_trials(spec))
     if spec.search.algorithm == "grid" and spec.space.num_workers is not None and spec.scaling.reuse_workers:
-        return float(size_changes(spec.first_workers(), [int(p[SIZE]) for p in spec.space.grid_points()]))
+        return float(size_changes(first_workers(spec), [int(p[SIZE]) for p in spec.space.grid_points()]))
     return 0.0
 
 
@@ -92,7 +93,7 @@ def planned_cost(spec: SweepSpec, group_start_s: float | None = None) -> str:
     `min_window_s`'s floor to the boxes' ceiling where a floor is set, as on a GPU), and the warm groups'
     starts (`group_start_s`: what the first one took on this cluster)."""
     b, n, at_once = spec.budget, planned_trials(spec), spec.budget.max_concurrent_trials
-    floor, window, warmup = spec.trial_clock()
+    floor, window, warmup = trial_clock(spec)
     rounds = math.ceil(n / at_once)
     groups = groups_planned(spec, group_start_s)
     if n < b.num_trials:  # the space has fewer configurations, and none runs twice
@@ -173,7 +174,7 @@ def upcoming(spec: SweepSpec, rows: list[TrialRow], skipped: list[str] | None = 
     """The precision of each trial not yet started: grid search's points still to run, in order, less
     those that never will (`skipped`, their precisions); None where a sampler has yet to pick it."""
     n = max(0, spec.budget.num_trials - len(rows) - len(skipped or []))
-    precision = spec.space.precision
+    precision = spec.space.held("precision")
     if isinstance(precision, FixedParam):
         return [str(precision.value)] * n
     if spec.search.algorithm != "grid":
@@ -219,13 +220,13 @@ def price_s(spec: SweepSpec, precision: str | None, costs: Costs) -> float:
     # the trials to come may each make their own
     shared = all(isinstance(p, FixedParam) for p in spec.space.params.values())
     if precision is None:
-        choices = [str(c) for c in _choices(spec.space.precision)]
+        choices = [str(c) for c in _choices(spec.space.held("precision"))]
         return statistics.fmean(price_s(spec, c, costs) for c in choices)
     same = [c.again_s(shared) for c in _warmed([c for c in ended if c.precision == precision])]
     if same:
         return statistics.fmean(same)
     mean = statistics.fmean(c.again_s(shared) for c in _warmed(ended))
-    _, window, warmup = spec.trial_clock()
+    _, window, warmup = trial_clock(spec)
     if precision in costs.emulated and window:
         beyond = statistics.fmean(max(0.0, c.again_s(shared) - c.boxed_s(warmup > 0)) for c in _warmed(ended))
         return max(mean, beyond + warmup + window)

@@ -10,6 +10,7 @@ from typing import Any
 from ray import tune
 from ray._common.constants import HEAD_NODE_RESOURCE_NAME
 
+from sweeps.search.trials import max_loader_workers, per_trial, worker_counts
 from sweeps.spec import SpecError, SpecProblem, SweepSpec
 
 # A trial's driver only launches and watches its Train workers: it holds no CPU, so a 2-core machine
@@ -21,10 +22,10 @@ DRIVER_RESOURCES = tune.PlacementGroupFactory([{"CPU": 0, "memory": 1, HEAD_NODE
 
 def concurrency_note(spec: SweepSpec, resources: dict[str, float]) -> str:
     """How many trials fit the cluster at once (all workers of a trial start together)."""
-    need = spec.per_trial()
+    need = per_trial(spec)
     fits = min(int(resources.get(k, 0) // v) for k, v in need.items() if v > 0)
     asked = spec.budget.max_concurrent_trials
-    loaders = spec.max_loader_workers()
+    loaders = max_loader_workers(spec)
     also = f", with {loaders} loader worker(s) per rank" if loaders and spec.scaling.cpus_per_loader_worker else ""
     note = (f"cluster fits {fits} trial(s) at once ({need['CPU']:g} CPU, {need['GPU']:g} GPU each at most{also}); "
             f"running {asked}")
@@ -47,13 +48,13 @@ def this_machine() -> dict[str, float]:
 def refuse_if_never_fits(spec: SweepSpec, resources: dict[str, float]) -> None:
     """On a fixed cluster (a local one), a trial that needs more than there is would wait forever: the
     largest the space allows (its most ranks and loader workers) must fit."""
-    sc, need, loaders = spec.scaling, spec.per_trial(), spec.max_loader_workers()
-    workers = max(spec.worker_counts())
+    sc, need, loaders = spec.scaling, per_trial(spec), max_loader_workers(spec)
+    workers = max(worker_counts(spec))
     problems = []
     have_cpu, have_gpu = resources.get("CPU", 0), resources.get("GPU", 0)
     searched = spec.space.num_workers is not None
     # what to lower: the searched worker count names its own fix (the largest count that fits)
-    fits = [n for n in spec.worker_counts() if sc.per_trial(loaders, n)["CPU"] <= have_cpu
+    fits = [n for n in worker_counts(spec) if sc.per_trial(loaders, n)["CPU"] <= have_cpu
             and sc.per_trial(loaders, n)["GPU"] <= have_gpu]
     fewer = (f"drop {workers} from space.num_workers (" + (f"at most {fits[-1]} fit" if fits else "no count fits")
              + ")") if searched else "lower them"

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sweeps.errors import InputError
-from sweeps.spec import SweepSpec, parse_spec
+from sweeps.spec import SpecError, SweepSpec, parse_spec
 
 STATE_FILE = "sweep.json"
 
@@ -112,6 +112,16 @@ def storage_root(storage_path: str) -> Path:
     return (outputs_root() / storage_path).resolve()
 
 
+def same_spec(saved_text: str, spec: SweepSpec) -> bool:
+    """Whether the spec a sweep saved is `spec`: both validated by this version (a version that adds a field
+    with a default, or moves one, gives both the same form), comments, formatting and the storage path not
+    counting. A saved spec this version refuses is not the same."""
+    try:
+        return spec_digest(parse_spec(saved_text)) == spec_digest(spec)
+    except SpecError:
+        return False
+
+
 def experiment_dir(spec: SweepSpec) -> Path:
     return storage_root(spec.storage_path) / spec.name
 
@@ -162,7 +172,7 @@ class SweepState:
                                   f"Rename the sweep (name: {spec.name}-2) or run it with --restart")
             return None
         state = cls.read(exp_dir)
-        if state.spec_sha256 != spec_digest(spec):
+        if not same_spec(state.spec_text, spec):
             raise SweepExists(f"a different sweep named {spec.name!r} already exists in {exp_dir} (its spec differs). {how}.")
         from ray import tune
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from ray import tune
 
-from sweeps.search.space import resolve_trial
+from sweeps.search.trials import first_workers, max_loader_workers, resolve_trial
 from sweeps.service.failures import HALT_KINDS, TRANSIENT_KINDS, TrialFailure, classify
 from sweeps.service.resources import TRAIN_RUN_ENV
 from sweeps.spec import ScalingSpec, SweepSpec
@@ -185,7 +185,7 @@ def make_group_trainer(spec: SweepSpec, queue: Any, slot: int, name: str, storag
     poll_s = min(2.0, spec.budget.collective_timeout_s / 4)
     return _torch_trainer(pool_worker, {"queue": queue, "slot": slot, "group": name, WORKDIR: workdir,
                                         "idle_poll_s": poll_s}, spec.scaling,
-                          num_workers or spec.first_workers(), spec.scaling.cpus_per_rank(spec.max_loader_workers()),
+                          num_workers or first_workers(spec), spec.scaling.cpus_per_rank(max_loader_workers(spec)),
                           spec.budget.collective_timeout_s, name, storage_path, callbacks=[])
 
 

@@ -1,0 +1,236 @@
+"""The rules across the spec's sections, one small function each: it returns the problem it finds as
+"field.path: what is wrong and the fix" ("" when none; the message in its docstring), and `RULES` runs
+them in order. A section's own rules live with its model (`sections.py`, `objective.py`, `space.py`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from trainables import registry
+from trainables.contract import is_final_only, target_problem
+
+if TYPE_CHECKING:
+    from sweeps.spec.sweep import SweepSpec
+
+
+def objective_in_the_workloads_unit(spec: SweepSpec) -> str:
+    """objective: <trainable> reports throughput/tokens_per_s, not throughput/samples_per_s; use that"""
+    unit = registry.unit(spec.trainable.name)
+    for metric in spec.objective.metrics + tuple(c.metric for c in spec.objective.constraints):
+        if unit is None or not metric.startswith("throughput/"):
+            continue
+        wanted = metric.replace("samples", unit) if unit != "samples" else metric.replace("tokens", unit)
+        if wanted != metric:
+            return f"objective: {spec.trainable.name} reports {wanted}, not {metric}; use that"
+    return ""
+
+
+def asha_ranks_by_one_metric(spec: SweepSpec) -> str:
+    """search.early_stopping: ASHA ranks trials by one metric; remove it or use a single objective"""
+    if spec.search.early_stopping is not None and spec.objective.multi:
+        return "search.early_stopping: ASHA ranks trials by one metric; remove it or use a single objective"
+    return ""
+
+
+def asha_on_a_target_counts_seconds(spec: SweepSpec) -> str:
+    """search.early_stopping: with objective.target, ASHA compares trials ... at equal training time; give
+    grace_s ... instead of grace_steps"""
+    es, target = spec.search.early_stopping, spec.objective.target
+    if es is not None and spec.objective.time_to_target and es.grace_s is None and target is not None:
+        return (f"search.early_stopping: with objective.target, ASHA compares trials on {target.metric} at equal "
+                "training time; give grace_s (seconds of training before a trial may be stopped, several "
+                "evaluations' worth of the slowest trial) instead of grace_steps")
+    return ""
+
+
+def grace_s_is_for_a_target(spec: SweepSpec) -> str:
+    """search.early_stopping.grace_s is for a time-to-target objective ...; use grace_steps"""
+    es = spec.search.early_stopping
+    if es is not None and not spec.objective.time_to_target and es.grace_s is not None:
+        return ("search.early_stopping.grace_s is for a time-to-target objective (metric time/to_target_s with "
+                "objective.target); use grace_steps (trials compared at equal measured steps)")
+    return ""
+
+
+def asha_reads_progress_reports(spec: SweepSpec) -> str:
+    """search.early_stopping: ASHA compares trials on their progress reports, and <metric> is only in a
+    trial's final report ...; stop early on a throughput objective, or remove early_stopping"""
+    es, primary = spec.search.early_stopping, spec.objective.primary
+    if es is not None and not spec.objective.time_to_target and is_final_only(primary):
+        return (f"search.early_stopping: ASHA compares trials on their progress reports, and {primary} is only in "
+                "a trial's final report (after validation); stop early on a throughput objective, or remove "
+                "early_stopping")
+    return ""
+
+
+def grace_below_num_steps(spec: SweepSpec) -> str:
+    """search.early_stopping.grace_steps (N) must be below budget.num_steps (M), or nothing is ever stopped"""
+    es, steps = spec.search.early_stopping, spec.budget.num_steps
+    if es is not None and steps is not None and es.grace_steps is not None and es.grace_steps >= steps:
+        return (f"search.early_stopping.grace_steps ({es.grace_steps}) must be below budget.num_steps ({steps}), "
+                "or nothing is ever stopped")
+    return ""
+
+
+def asha_on_steps_without_time_boxes(spec: SweepSpec) -> str:
+    """budget.max_window_s: N would end trials before num_steps, where ASHA ... compares and ends them at
+    equal steps; remove max_window_s, or remove early_stopping"""
+    es, b = spec.search.early_stopping, spec.budget
+    boxed = [k for k in ("max_window_s", "max_warmup_s") if getattr(b, k)]
+    if es is not None and es.grace_steps is not None and boxed:
+        return (f"budget.{boxed[0]}: {getattr(b, boxed[0]):g} would end trials before num_steps, where ASHA "
+                "(search.early_stopping.grace_steps) compares and ends them at equal steps; remove "
+                f"{boxed[0]}, or remove early_stopping")
+    return ""
+
+
+def a_target_sets_the_length(spec: SweepSpec) -> str:
+    """budget.max_window_s / max_warmup_s: with objective.target the target sets each trial's length ...;
+    remove them"""
+    if spec.objective.target is not None and (spec.budget.max_window_s or spec.budget.max_warmup_s):
+        return ("budget.max_window_s / max_warmup_s: with objective.target the target sets each trial's length "
+                "(num_steps at most); remove them")
+    return ""
+
+
+def asha_on_steps_without_min_window(spec: SweepSpec) -> str:
+    """budget.min_window_s: N would run trials past num_steps, where ASHA ... compares and ends them at equal
+    steps; remove min_window_s and give a num_steps long enough, or remove early_stopping"""
+    es, b = spec.search.early_stopping, spec.budget
+    if es is not None and es.grace_steps is not None and b.min_window_s:
+        return (f"budget.min_window_s: {b.min_window_s:g} would run trials past num_steps, where ASHA "
+                "(search.early_stopping.grace_steps) compares and ends them at equal steps; remove min_window_s "
+                "and give a num_steps long enough, or remove early_stopping")
+    return ""
+
+
+def asha_needs_equal_steps(spec: SweepSpec) -> str:
+    """search.early_stopping: ASHA compares trials at equal steps, which an equal-data budget does not give;
+    use budget.num_steps ..., add an objective.target ..., or remove it"""
+    es = spec.search.early_stopping
+    if es is not None and not spec.objective.time_to_target and spec.budget.num_steps is None:
+        return ("search.early_stopping: ASHA compares trials at equal steps, which an equal-data budget does not "
+                "give; use budget.num_steps with early stopping, add an objective.target (then trials are "
+                "compared at equal training time, early_stopping.grace_s), or remove it")
+    return ""
+
+
+def a_target_is_checked_every_few_steps(spec: SweepSpec) -> str:
+    """objective.target: set budget.eval_every_steps (how often each trial checks the target, e.g. 20)"""
+    t = spec.objective.target
+    if t is None:
+        return ""
+    problem = target_problem(t.metric, t.max, t.min, spec.budget.eval_every_steps or 0, "budget.eval_every_steps")
+    return f"objective.target: {problem}" if problem else ""
+
+
+def a_target_is_not_measured_across_restarts(spec: SweepSpec) -> str:
+    """objective.target: a time to target cannot be measured across a restart; set
+    budget.checkpoint_every_steps: 0 ..."""
+    if spec.objective.target is not None and spec.budget.checkpoint_every_steps:
+        return ("objective.target: a time to target cannot be measured across a restart; set "
+                "budget.checkpoint_every_steps: 0 (a crashed trial then reruns whole)")
+    return ""
+
+
+def a_target_is_an_evaluated_metric(spec: SweepSpec) -> str:
+    """objective.target.metric: <metric> is not measured by an evaluation; use loss/val or an eval/<name>
+    metric"""
+    t = spec.objective.target
+    if t is not None and not is_final_only(t.metric):
+        return (f"objective.target.metric: {t.metric} is not measured by an evaluation; use loss/val or an "
+                "eval/<name> metric")
+    return ""
+
+
+def the_data_budget_in_the_workloads_unit(spec: SweepSpec) -> str:
+    """budget.num_samples: <trainable> counts tokens; use budget.num_tokens"""
+    b, unit = spec.budget, registry.unit(spec.trainable.name)  # None: not declared (a user trainable may count either)
+    if b.item_unit is not None and unit is not None and b.item_unit != unit:
+        return f"budget.num_{b.item_unit}: {spec.trainable.name} counts {unit}; use budget.num_{unit}"
+    return ""
+
+
+def the_probe_runs_on_warm_groups(spec: SweepSpec) -> str:
+    """search.probe_batch_size: the probe runs on warm worker groups; set scaling.reuse_workers: true ..."""
+    if spec.search.probe_batch_size and not spec.scaling.reuse_workers:
+        return ("search.probe_batch_size: the probe runs on warm worker groups; set scaling.reuse_workers: true "
+                "(or drop the probe)")
+    return ""
+
+
+def the_probe_needs_a_searched_batch(spec: SweepSpec) -> str:
+    """search.probe_batch_size: batch_size is fixed, so there is nothing to probe; search it ... or drop the probe"""
+    if spec.search.probe_batch_size and "batch_size" not in spec.space.searched():
+        return ("search.probe_batch_size: batch_size is fixed, so there is nothing to probe; search it (e.g. "
+                "batch_size: {type: categorical, choices: [32, 64, 128, 256]}) or drop the probe")
+    return ""
+
+
+def a_grid_runs_each_point_once(spec: SweepSpec) -> str:
+    """budget.num_trials: the grid has N combinations (...); set num_trials: N (and the grid's own: a knob
+    with no finite set of values)"""
+    if spec.search.algorithm != "grid":
+        return ""
+    try:
+        points = spec.space.grid_points()
+    except ValueError as exc:  # a knob that has no finite set of values, named
+        return str(exc)
+    if len(points) != spec.budget.num_trials:
+        sizes = " x ".join(f"{len(v)} {k}" for k, v in spec.space.grid_values().items()) or "1"
+        return f"budget.num_trials: the grid has {len(points)} combinations ({sizes}); set num_trials: {len(points)}"
+    return ""
+
+
+def the_worker_count_in_one_place(spec: SweepSpec) -> str:
+    """scaling.num_workers: N and space.num_workers are both given; keep one ..."""
+    if spec.space.num_workers is not None and "num_workers" in spec.scaling.model_fields_set:
+        return (f"scaling.num_workers: {spec.scaling.num_workers} and space.num_workers are both given; keep one "
+                "(space.num_workers to search it, e.g. {type: categorical, choices: [1, 2, 4]})")
+    return ""
+
+
+def the_trainables_own_params_declared(spec: SweepSpec) -> str:
+    """space.params.<name>: also set in trainable.params; keep it in one place ... (or the trainable's own
+    problem with the value)"""
+    from sweeps.spec.params import param_values
+
+    own = spec.space.params
+    both = sorted(set(own) & set(spec.trainable.params))
+    if both:
+        return (f"space.params.{both[0]}: also set in trainable.params; keep it in one place (space: to search it, "
+                "trainable.params: to fix it)")
+    for name, p in own.items():
+        for value in param_values(p):
+            for problem in registry.check_params(spec.trainable.name, {name: value}):
+                return f"space.params.{name}: {problem.removeprefix(f'{name}: ')}"
+    return ""
+
+
+RULES: tuple[Callable[[SweepSpec], str], ...] = (
+    objective_in_the_workloads_unit,
+    asha_ranks_by_one_metric,
+    asha_on_a_target_counts_seconds,
+    grace_s_is_for_a_target,
+    asha_reads_progress_reports,
+    grace_below_num_steps,
+    asha_on_steps_without_time_boxes,
+    a_target_sets_the_length,
+    asha_on_steps_without_min_window,
+    asha_needs_equal_steps,
+    a_target_is_checked_every_few_steps,
+    a_target_is_not_measured_across_restarts,
+    a_target_is_an_evaluated_metric,
+    the_data_budget_in_the_workloads_unit,
+    the_probe_runs_on_warm_groups,
+    the_probe_needs_a_searched_batch,
+    a_grid_runs_each_point_once,
+    the_worker_count_in_one_place,
+    the_trainables_own_params_declared,
+)
+
+
+def problems(spec: SweepSpec) -> list[str]:
+    """Every rule's problem with `spec`, in `RULES`' order."""
+    return [found for rule in RULES if (found := rule(spec))]
