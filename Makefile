@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 UI_PORT ?= 5000
 
-.PHONY: install install-dev browser demo test lint ui bench clean gpu-acceptance
+.PHONY: install install-dev browser demo test test-fast lint ui bench clean gpu-acceptance
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ browser:
 
 test: install-dev browser
 	$(PY) -m pytest -q -rs --durations=30 -n 2 --dist loadgroup
+
+# Every test that needs no Ray cluster (unit tests, the loop in one process and under torchrun): ~2 min here.
+test-fast: install-dev
+	$(PY) -m pytest -q -rs -n 2 -m "not ray"
 
 lint: install-dev
 	$(VENV)/bin/ruff check sweeps trainables tests benchmarks

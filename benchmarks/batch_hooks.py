@@ -25,7 +25,7 @@ from common import REPO, record, run_loop, summary, table
 
 from trainables.batches import checked_count, default_counter, move_to_device
 from trainables.contract import TrialConfig
-from trainables.loop import _make_loader
+from trainables.loader import make_loader as _make_loader
 from trainables.registry import build
 from trainables.workloads.base import BuildContext
 

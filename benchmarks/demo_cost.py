@@ -41,10 +41,13 @@ _ETA = re.compile(r"^\[trial 1/\d+\] .*\| elapsed (\d+)s, ETA (\d+)s")
 _WALL = re.compile(r"^Sweep \S+ finished in (\d+)s: (\d+)/(\d+) trials ok")
 
 
-def run(mode: str, spec: Path) -> dict[str, Any]:
+def run(mode: str, spec: Path, code: Path | None = None) -> dict[str, Any]:
+    """The demo in `mode`, run by this tree's code or by the code checked out at `code`."""
     with tempfile.TemporaryDirectory(prefix="demo-cost-") as tmp:
         env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")}
         env["XDG_CACHE_HOME"] = str(Path(tmp) / "cache")
+        if code is not None:
+            env["PYTHONPATH"] = str(code)
         if mode in ("emulated", "avx2"):
             env["ONEDNN_MAX_CPU_ISA"] = "AVX2"
         if mode == "avx2":
@@ -57,6 +60,7 @@ def run(mode: str, spec: Path) -> dict[str, Any]:
         elapsed, eta = next((int(m.group(1)), int(m.group(2))) for line in out if (m := _ETA.match(line)))
         wall, ok, total = next((int(m.group(1)), int(m.group(2)), int(m.group(3)))
                                for line in out if (m := _WALL.match(line)))
+        head = next((line.split() for line in out if line.startswith("rank  trial")), [])
         db = sqlite3.connect(Path(tmp) / "mlflow.db")
         sol = [v for (v,) in db.execute("select value from latest_metrics where key = 'perf/sol_pct'")]
         made = [v for (v,) in db.execute("select value from latest_metrics where key = 'time/data_prep_s'")]
@@ -70,7 +74,7 @@ def run(mode: str, spec: Path) -> dict[str, Any]:
                  for prec in ("32", "bf16-mixed")}
         db.close()
     remaining = wall - elapsed
-    return {"mode": mode, "sweep_s": wall, "trials_ok": ok, "trials": total, "first_eta_s": eta,
+    return {"mode": mode, "table_columns": head, "sweep_s": wall, "trials_ok": ok, "trials": total, "first_eta_s": eta,
             "first_eta_remaining_s": remaining, "first_eta_error_pct": 100.0 * (eta - remaining) / remaining,
             "max_sol_pct": max(sol) if sol else None, "data_prep_s": sum(made) if made else None,
             "bf16_trials": len(verdicts),
@@ -82,19 +86,39 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--modes", default="native,emulated")
     ap.add_argument("--spec", default=str(REPO / "examples" / "demo.yaml"))
+    ap.add_argument("--before", default=None, help="also run each mode with the code at this revision (a temporary "
+                    "git worktree), in the same run: the same table shape, and how fast")
     a = ap.parse_args()
     spec = Path(a.spec).resolve()
-    rows = [{"spec": str(spec.relative_to(REPO)) if spec.is_relative_to(REPO) else str(spec), **run(mode, spec)}
-            for mode in a.modes.split(",")]
-    print(table(["mode", "sweep s", "ok", "first ETA s", "remaining s", "ETA error %", "max sol %", "data made s",
+    shown = str(spec.relative_to(REPO)) if spec.is_relative_to(REPO) else str(spec)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="demo-before-") as wt:
+        if a.before:
+            subprocess.run(["git", "worktree", "add", "--detach", str(Path(wt) / "code"), a.before], cwd=REPO,
+                           check=True, capture_output=True)
+        try:
+            for mode in a.modes.split(","):
+                for code in ([Path(wt) / "code"] if a.before else []) + [None]:
+                    label = a.before if code is not None else "this tree"
+                    rows.append({"spec": shown, "code": label, **run(mode, spec, code)})
+        finally:
+            if a.before:
+                subprocess.run(["git", "worktree", "remove", "--force", str(Path(wt) / "code")], cwd=REPO,
+                               capture_output=True)
+    if a.before:
+        for mode in a.modes.split(","):
+            shapes = {tuple(r["table_columns"]) for r in rows if r["mode"] == mode}
+            print(f"{mode}: the same table columns before and after: {len(shapes) == 1} ({' '.join(next(iter(shapes)))})")
+    print(table(["code", "mode", "sweep s", "ok", "first ETA s", "remaining s", "ETA error %", "max sol %", "data made s",
                  "bf16 'emulated'", "fp32 / bf16 at batch 64 (samples/s)"],
-                [[r["mode"], str(r["sweep_s"]), f"{r['trials_ok']}/{r['trials']}", str(r["first_eta_s"]),
+                [[r.get("code", "this tree"), r["mode"], str(r["sweep_s"]), f"{r['trials_ok']}/{r['trials']}", str(r["first_eta_s"]),
                   str(r["first_eta_remaining_s"]), f"{r['first_eta_error_pct']:+.0f}",
                   f"{r['max_sol_pct']:.1f}" if r["max_sol_pct"] is not None else "-",
                   f"{r['data_prep_s']:.1f}" if r["data_prep_s"] is not None else "-",
                   f"{r['bf16_verdicts_name_emulation']}/{r['bf16_trials']}",
                   f"{r['fp32_b64_samples_per_s'] or '-'} / {r['bf16_b64_samples_per_s'] or '-'}"] for r in rows]))
     extra = f" --spec {rows[0]['spec']}" if spec != REPO / "examples" / "demo.yaml" else ""
+    extra += f" --before {a.before}" if a.before else ""
     record("demo_cost", f"benchmarks/demo_cost.py --modes {a.modes}{extra}", rows)
 
 

@@ -24,7 +24,6 @@ import itertools
 import math
 import random
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import optuna
 from common import record, summary, table
 
-from sweeps.search.searcher import SweepSearch, make_searcher, record_oom, release, shared
+from sweeps.search.searcher import SweepSearch, make_searcher
+from sweeps.search.state import SearchState, running
 from sweeps.spec import parse_spec
 from trainables.contract import FINAL
 
@@ -89,7 +89,7 @@ def _spec(algorithm: str, trials: int, seed: int) -> Any:
                                   algorithm=algorithm, trials=trials, seed=seed).replace("'", ""))
 
 
-def run_searcher(search: SweepSearch, token: str, land: Landscape, budget: int, target: float,
+def run_searcher(search: SweepSearch, state: SearchState, land: Landscape, budget: int, target: float,
                  learn_oom: bool) -> tuple[int | None, int]:
     """(trials until within 5% of the best, or None; OOM trials run) for one searcher."""
     ooms = 0
@@ -101,9 +101,9 @@ def run_searcher(search: SweepSearch, token: str, land: Landscape, budget: int, 
         if land.oom(knobs):
             ooms += 1
             search.on_trial_complete(f"t{i}", error=True)
-            shared(token).failures[f"t{i}"] = "oom" if learn_oom else "crash"  # crash: Optuna sees a FAIL only
+            state.failures[f"t{i}"] = "oom" if learn_oom else "crash"  # crash: Optuna sees a FAIL only
             if learn_oom:
-                record_oom(token, knobs)
+                state.record_oom(knobs)
             continue
         value = land.throughput(knobs)
         search.on_trial_complete(f"t{i}", {METRIC: value, FINAL: 1})
@@ -137,12 +137,11 @@ def main() -> None:
         target = land.best()
         for method, algorithm, learn in (("ours", "tpe", True), ("tpe, OOM as FAIL", "tpe", False),
                                          ("random", "random", False)):
-            token = uuid.uuid4().hex
-            search = make_searcher(_spec(algorithm, args.budget, seed), token)
-            assert search is not None
-            land.noise.seed(seed)
-            n, ooms = run_searcher(search, token, land, args.budget, target, learn)
-            release(token)
+            with running(SearchState()) as state:
+                search = make_searcher(_spec(algorithm, args.budget, seed))
+                assert search is not None
+                land.noise.seed(seed)
+                n, ooms = run_searcher(search, state, land, args.budget, target, learn)
             found[method].append(n)
             oom_runs[method].append(ooms)
         land.noise.seed(seed)

@@ -123,12 +123,13 @@ def _cluster_check(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from sweeps.ops.doctor import doctor
+    from sweeps.ops.doctor import Ask, doctor
 
     flags = [f for f, on in (("--quick", args.quick), ("--gpu-checks", args.gpu_checks), ("--no-mlflow", args.no_mlflow)) if on]
     flags += [f"--address {args.address}"] if args.address else []
-    return doctor(args.quick, args.gpu_checks, args.address, args.json, None if args.no_mlflow else args.tracking_uri,
-                  args.storage_path, " ".join(["sweeps doctor", *flags]))
+    return doctor(Ask(args.quick, args.gpu_checks, args.address, args.json,
+                      None if args.no_mlflow else args.tracking_uri, args.storage_path,
+                      " ".join(["sweeps doctor", *flags])))
 
 
 # wait-head's no-op job: the name it keeps in `ray job list` (deleting it right after it ends races Ray's

@@ -78,6 +78,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if "ray_cluster" in item.fixturenames:
             lane = "ray_faults" if item.path.name in _OWN_CLUSTER else "ray_cluster"
             item.add_marker(pytest.mark.xdist_group(lane))
+            item.add_marker(pytest.mark.ray)  # `make test-fast` (-m "not ray") leaves every Ray test out
 
 
 # The fault and resume sweeps (they crash a rank, hang a peer, fill a disk, kill the driver) take their own

@@ -241,7 +241,7 @@ def gated(params: dict[str, Any], ctx: BuildContext) -> Workload:
     exists. Keep `at` within the 3 measured steps a time-boxed trial always plans (after warm-up)."""
     workload = build("mlp-tabular", {k: v for k, v in params.items() if k not in ("at", "gate")}, ctx)
     # Rank 0 counts the training FLOPs of a workload that does not declare them with one forward of
-    # its own before training (trainables.loop._count_flops; not in a probe, which these tests do not
+    # its own before training (trainables.build.count_flops; not in a probe, which these tests do not
     # run): the same step is one call later there. (Ranks gated at different steps would leave one
     # waiting in the other's all-reduce.)
     counts = ctx.rank == 0 and workload.flops_per_item is None

@@ -203,7 +203,7 @@ def test_a_loader_worker_dying_mid_hand_over_reads_as_the_loader_failure_it_is()
     import torch
     from torch.utils.data import DataLoader, Dataset
 
-    from trainables.loop import _handed_over
+    from trainables.loader import handed_over as _handed_over
 
     class Resets(Dataset):  # type: ignore[type-arg]
         def __len__(self) -> int:

@@ -5,7 +5,6 @@ and the search bounded by what the probe saw)."""
 from __future__ import annotations
 
 import math
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,7 +13,8 @@ from typing import Any
 import pytest
 from mlflow.tracking import MlflowClient
 
-from sweeps.search.searcher import SweepSearch, make_searcher, oom_excluded, release
+from sweeps.search.searcher import SweepSearch, make_searcher
+from sweeps.search.state import SearchState, running
 from sweeps.service import probe
 from sweeps.service.probe import batch_candidates, probe_frontier
 from sweeps.service.runner import run_sweep
@@ -93,13 +93,13 @@ def _memory(knobs: dict[str, Any]) -> int:
 
 
 @pytest.fixture
-def token() -> Iterator[str]:
-    tok = uuid.uuid4().hex
-    yield tok
-    release(tok)
+def state() -> Iterator[SearchState]:
+    """The running sweep's search state, as the sweep's controller sets it."""
+    with running(SearchState()) as s:
+        yield s
 
 
-def _probe(spec: SweepSpec, token: str, memory: Memory, monkeypatch: pytest.MonkeyPatch,
+def _probe(spec: SweepSpec, state: SearchState, memory: Memory, monkeypatch: pytest.MonkeyPatch,
            fails: Callable[[dict[str, Any]], str] = lambda knobs: "") -> tuple[list[str], dict[str, str], list[dict[str, Any]]]:
     """Run the probe against `memory` (and `fails`: a failure kind other than oom, or ""); returns
     its lines, its tags and the knobs of every candidate it tried."""
@@ -113,7 +113,7 @@ def _probe(spec: SweepSpec, token: str, memory: Memory, monkeypatch: pytest.Monk
 
     monkeypatch.setattr(probe, "_try", fake_try)
     lines: list[str] = []
-    tags = probe_frontier(spec, None, token, lines.append)
+    tags = probe_frontier(spec, None, state, lines.append)
     return lines, tags, tried
 
 
@@ -134,9 +134,9 @@ def _fails_at(memory: Memory, knobs: dict[str, Any], batches: list[int] = BATCHE
 
 
 def test_every_precision_and_compile_combination_is_probed_and_bounds_only_itself(
-        token: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        state: SearchState, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = _unit("  params.hidden: {type: categorical, choices: [32, 64]}\n")
-    lines, tags, tried = _probe(spec, token, _memory, monkeypatch)
+    lines, tags, tried = _probe(spec, state, _memory, monkeypatch)
     combos = Counter((k["precision"], k["compile"], k["params.hidden"]) for k in tried)
     assert set(combos) == {(p, c, h) for p in ("32", "bf16-mixed") for c in (False, True) for h in (32, 64)}
     assert max(combos.values()) <= math.ceil(math.log2(len(BATCHES) + 1))  # a binary search per combination
@@ -144,7 +144,7 @@ def test_every_precision_and_compile_combination_is_probed_and_bounds_only_itsel
         in "\n".join(lines), lines
     assert tags["sweep.probe.32.params.hidden.64"].startswith("largest batch_size that fits 16, 32 does not")
     assert len(lines) == len(tags) == 8
-    search = make_searcher(spec, token)
+    search = make_searcher(spec)
     assert search is not None
     proposals = _proposals(search, 60)
     for p in proposals:  # never at or above the batch the probe saw fail with the same settings
@@ -153,25 +153,25 @@ def test_every_precision_and_compile_combination_is_probed_and_bounds_only_itsel
     for c in (False, True):
         for b in BATCHES:
             knobs = {"precision": "bf16-mixed", "compile": c, "params.hidden": 32, "batch_size": b, "num_workers": 2}
-            assert (oom_excluded(token, knobs) is not None) is (b > _memory(knobs)), knobs
+            assert (state.oom_excluded(knobs) is not None) is (b > _memory(knobs)), knobs
 
 
 def test_settings_the_probe_did_not_measure_are_bounded_by_the_smallest_batch_it_saw_fail(
-        token: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        state: SearchState, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = _unit("  params.hidden: {type: int, low: 32, high: 256}\n")  # a range: only its first value is probed
     # fp32 compiled tries 64 (fits), 256 (oom), then 128 stops it on a failure other than oom: not measured
-    _, tags, tried = _probe(spec, token, _memory, monkeypatch,
+    _, tags, tried = _probe(spec, state, _memory, monkeypatch,
                             fails=lambda k: "error" if (k["precision"], k["compile"], k["batch_size"]) == ("32", True, 128) else "")
     assert tags["sweep.probe.32.compile.params.hidden.32"].endswith("64 fits, 256 oom, 128 error); stopped: error: it broke")
     assert {k["params.hidden"] for k in tried} == {32} and len(tags) == 4
     smallest = 64  # fp32 uncompiled at hidden=32 fits 32
     for p, c, h in [("bf16-mixed", True, 100), ("32", False, 33), ("32", True, 32)]:
         knobs = {"precision": p, "compile": c, "params.hidden": h, "num_workers": 2}
-        assert oom_excluded(token, {**knobs, "batch_size": smallest}) == smallest, knobs
-        assert oom_excluded(token, {**knobs, "batch_size": smallest // 2}) is None, knobs
+        assert state.oom_excluded({**knobs, "batch_size": smallest}) == smallest, knobs
+        assert state.oom_excluded({**knobs, "batch_size": smallest // 2}) is None, knobs
     measured = {"precision": "bf16-mixed", "compile": True, "params.hidden": 32, "batch_size": 128, "num_workers": 2}
-    assert oom_excluded(token, measured) is None  # a measured combination keeps its own, larger, bound
-    search = make_searcher(spec, token)
+    assert state.oom_excluded(measured) is None  # a measured combination keeps its own, larger, bound
+    search = make_searcher(spec)
     assert search is not None
     proposals = _proposals(search, 60)
     unmeasured = [p for p in proposals if p["params.hidden"] != 32]
@@ -183,7 +183,7 @@ H100 = "  params.hidden: 32\n"  # fixed: part of every key, probed once
 
 @pytest.mark.parametrize("compiled_fits", [64, 256])
 def test_the_h100_case_a_compiled_batch_runs_only_where_the_probe_saw_it_fit(
-        compiled_fits: int, token: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        compiled_fits: int, state: SearchState, monkeypatch: pytest.MonkeyPatch) -> None:
     """The GPU run: the probe measured only uncompiled bf16 (64 fits, 256 does not), and batch 256
     with compile=True then ran out of memory as a trial."""
     batches = [16, 64, 256, 1024]
@@ -195,12 +195,12 @@ def test_the_h100_case_a_compiled_batch_runs_only_where_the_probe_saw_it_fit(
     def memory(knobs: dict[str, Any]) -> int:
         return compiled_fits if knobs["compile"] else 64
 
-    lines, tags, _ = _probe(spec, token, memory, monkeypatch)
+    lines, tags, _ = _probe(spec, state, memory, monkeypatch)
     assert lines[0].startswith("memory probe bf16-mixed: largest batch_size that fits 64, 256 does not"), lines
     assert lines[1].startswith(f"memory probe bf16-mixed, compile: largest batch_size that fits {compiled_fits}, "
                                f"{batches[batches.index(compiled_fits) + 1]} does not"), lines
     assert set(tags) == {"sweep.probe.bf16-mixed", "sweep.probe.bf16-mixed.compile"}
-    search = make_searcher(spec, token)
+    search = make_searcher(spec)
     assert search is not None
     ran = [(p["batch_size"], p["compile"]) for p in _proposals(search, 20)]
     expected = [(16, False), (64, False), (16, True), (64, True)] + ([(256, True)] if compiled_fits == 256 else [])

@@ -87,19 +87,16 @@ def test_a_warm_group_serves_trials_of_its_own_size_and_ends_to_be_resized_for_t
 
 
 def test_the_memory_probe_measures_every_worker_count_on_its_own() -> None:
-    from sweeps.search.searcher import oom_excluded, record_probe, release
+    from sweeps.search.state import SearchState
     from sweeps.service.probe import memory_settings
 
     spec = parse_spec(SPEC + "search: {probe_batch_size: true}\n")
     assert [s["num_workers"] for s in memory_settings(spec)] == [1, 2, 4]
-    token = "probe-sizes"
-    try:
-        record_probe(token, {"precision": "32", "compile": False, "num_workers": 2}, 64)
-        record_probe(token, {"precision": "32", "compile": False, "num_workers": 1}, None)
-        assert oom_excluded(token, {"precision": "32", "compile": False, "num_workers": 2, "batch_size": 64}) == 64
-        assert oom_excluded(token, {"precision": "32", "compile": False, "num_workers": 1, "batch_size": 64}) is None
-    finally:
-        release(token)
+    state = SearchState()
+    state.record_probe({"precision": "32", "compile": False, "num_workers": 2}, 64)
+    state.record_probe({"precision": "32", "compile": False, "num_workers": 1}, None)
+    assert state.oom_excluded({"precision": "32", "compile": False, "num_workers": 2, "batch_size": 64}) == 64
+    assert state.oom_excluded({"precision": "32", "compile": False, "num_workers": 1, "batch_size": 64}) is None
 
 
 def test_the_comm_timer_counts_from_the_last_bucket_to_the_end_of_backward() -> None:
@@ -119,25 +116,26 @@ def test_the_comm_timer_counts_from_the_last_bucket_to_the_end_of_backward() -> 
 def _rank(rank: int, port: int, slow: bool, out: str) -> None:  # a spawned process: two gloo ranks
     import torch.distributed as dist
 
-    import trainables.loop as loop
+    import trainables.build as build
+    from trainables.loop import train
     from trainables.reporting import ListReporter
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
     if slow:  # an all-reduce 50 ms slower than backward: the hook returns late, as a slow network would
-        real = loop.ddp_hook
+        real = build.ddp_hook
 
         def slow_hook(state, bucket):  # type: ignore[no-untyped-def]
             fut = real(state, bucket)
             time.sleep(0.05)
             return fut
 
-        loop.ddp_hook = slow_hook  # type: ignore[assignment]
+        build.ddp_hook = slow_hook  # type: ignore[assignment]
     cfg = TrialConfig(workload="mlp-tabular", batch_size=32, precision="32", lr=1e-3, num_steps=12, num_warmup_steps=2, telemetry_period_s=0,
                       report_interval_s=1e9, workload_params={"num_train_rows": 1024, "num_val_rows": 64},
                       data_dir=out + ".data", num_workers=2)
-    final = loop.train(cfg, ListReporter(), torch.device("cpu"))
+    final = train(cfg, ListReporter(), torch.device("cpu"))
     if rank == 0:
         Path(out).write_text(f"{final[ALLREDUCE_WAIT_PCT]} {final[STEP_TIME_MS]}")
     dist.destroy_process_group()

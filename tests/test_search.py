@@ -3,14 +3,15 @@ Optuna as constraints, deferred classification of errored trials, grid mode, mul
 
 from __future__ import annotations
 
-import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import optuna
 import pytest
 
-from sweeps.search.searcher import SweepSearch, grid_skips, make_scheduler, make_searcher, record_oom, release, shared
+from sweeps.search.searcher import SweepSearch, make_scheduler, make_searcher
+from sweeps.search.state import SearchState, running
 from sweeps.search.trials import fixed_knobs
 from sweeps.spec import parse_spec
 from trainables.contract import FINAL
@@ -27,21 +28,21 @@ TPUT = "throughput/samples_per_s"
 
 
 @pytest.fixture
-def token() -> Any:
-    tok = uuid.uuid4().hex
-    yield tok
-    release(tok)
+def state() -> Iterator[SearchState]:
+    """The running sweep's search state, as the sweep's controller sets it."""
+    with running(SearchState()) as s:
+        yield s
 
 
-def _searcher(text: str, token: str) -> SweepSearch:
-    search = make_searcher(parse_spec(text), token)
+def _searcher(text: str) -> SweepSearch:
+    search = make_searcher(parse_spec(text))
     assert search is not None
     return search
 
 
-def test_no_batch_at_or_above_an_oom_bound_is_proposed(token: str) -> None:
-    search = _searcher(SPEC, token)
-    record_oom(token, {"batch_size": 64, "precision": "32", "compile": False, "num_workers": 2})
+def test_no_batch_at_or_above_an_oom_bound_is_proposed(state: SearchState) -> None:
+    search = _searcher(SPEC)
+    state.record_oom({"batch_size": 64, "precision": "32", "compile": False, "num_workers": 2})
     proposals = [search.suggest(f"t{i}") for i in range(30)]
     for i in range(30):
         search.on_trial_complete(f"t{i}", {TPUT: 1.0, FINAL: 1})
@@ -55,14 +56,14 @@ def test_no_batch_at_or_above_an_oom_bound_is_proposed(token: str) -> None:
     assert skipped and all(t.state == optuna.trial.TrialState.COMPLETE for t in skipped)  # told, not dropped
 
 
-def test_search_ends_when_nothing_feasible_is_left(token: str) -> None:
-    search = _searcher(SPEC.replace('["32", "bf16-mixed"]', '["32"]'), token)
-    record_oom(token, {"batch_size": 16, "precision": "32", "compile": False, "num_workers": 2})  # even the smallest
+def test_search_ends_when_nothing_feasible_is_left(state: SearchState) -> None:
+    search = _searcher(SPEC.replace('["32", "bf16-mixed"]', '["32"]'))
+    state.record_oom({"batch_size": 16, "precision": "32", "compile": False, "num_workers": 2})  # even the smallest
     assert search.suggest("t0") == search.FINISHED
 
 
-def test_errored_trials_are_told_once_classified(token: str) -> None:
-    search = _searcher(SPEC, token)
+def test_errored_trials_are_told_once_classified(state: SearchState) -> None:
+    search = _searcher(SPEC)
     for t in ("oom", "crash", "ok"):
         assert isinstance(search.suggest(t), dict)
     search.on_trial_complete("oom", error=True)  # Tune tells the searcher before the callback classifies
@@ -71,7 +72,7 @@ def test_errored_trials_are_told_once_classified(token: str) -> None:
     own = lambda: [t for t in search.study.trials if "repeat_of" not in t.user_attrs]  # noqa: E731 - not the repeats told
     states = [t.state for t in own()]
     assert states[0] == states[1] == optuna.trial.TrialState.RUNNING  # not yet told
-    shared(token).failures.update({"oom": "oom", "crash": "crash"})
+    state.failures.update({"oom": "oom", "crash": "crash"})
     search.suggest("next")
     trials = own()
     assert trials[0].state == optuna.trial.TrialState.COMPLETE and trials[0].constraints == {"fits": 1.0}
@@ -79,8 +80,8 @@ def test_errored_trials_are_told_once_classified(token: str) -> None:
     assert trials[2].value == 5.0 and trials[2].constraints == {"fits": 0.0}
 
 
-def test_a_trial_stopped_early_is_pruned_not_complete(token: str) -> None:
-    search = _searcher(SPEC, token)
+def test_a_trial_stopped_early_is_pruned_not_complete(state: SearchState) -> None:
+    search = _searcher(SPEC)
     search.suggest("t")
     search.on_trial_result("t", {"loss/train": 1.0})  # no objective yet: must not raise
     search.on_trial_complete("t", {TPUT: 9.0, FINAL: 0})
@@ -97,7 +98,7 @@ seed: 3
 """
 
 
-def _infeasible_proposals(search: SweepSearch, tell_as_fail: bool, token: str, n: int = 60) -> int:
+def _infeasible_proposals(search: SweepSearch, tell_as_fail: bool, state: SearchState, n: int = 60) -> int:
     """Throughput rises with lr but loss/val breaks its bound above lr=0.6: the unconstrained
     optimum is infeasible. Returns how many of the last 30 proposals landed there."""
     late = 0
@@ -107,28 +108,25 @@ def _infeasible_proposals(search: SweepSearch, tell_as_fail: bool, token: str, n
         late += infeasible and i >= n - 30
         if infeasible and tell_as_fail:  # what plain OptunaSearch does with a failed trial
             search.on_trial_complete(f"t{i}", error=True)
-            shared(token).failures[f"t{i}"] = "crash"
+            state.failures[f"t{i}"] = "crash"
         else:
             search.on_trial_complete(f"t{i}", {TPUT: 100 * lr, "loss/val": 0.5 + lr, FINAL: 1})
     return late
 
 
-def test_constraints_teach_the_sampler_the_infeasible_region(token: str) -> None:
-    ours = _infeasible_proposals(_searcher(LANDSCAPE, token), False, token)
-    other = uuid.uuid4().hex
-    try:
-        ignored = _infeasible_proposals(_searcher(LANDSCAPE, other), True, other)
-    finally:
-        release(other)
+def test_constraints_teach_the_sampler_the_infeasible_region(state: SearchState) -> None:
+    ours = _infeasible_proposals(_searcher(LANDSCAPE), False, state)
+    with running(SearchState()) as other:  # another sweep
+        ignored = _infeasible_proposals(_searcher(LANDSCAPE), True, other)
     # Ignoring failures, TPE keeps proposing the region it cannot see; with constraints it learns.
     assert ours <= 6 and ours < ignored / 2, (ours, ignored)
 
 
-def test_grid_visits_every_point_once_smallest_batch_first_and_skips_above_oom(token: str) -> None:
+def test_grid_visits_every_point_once_smallest_batch_first_and_skips_above_oom(state: SearchState) -> None:
     text = SPEC.replace("num_trials: 50", "num_trials: 8") + "search: {algorithm: grid}\n"
-    search = _searcher(text, token)
+    search = _searcher(text)
     fixed = fixed_knobs(parse_spec(text))
-    assert grid_skips(token, fixed) == []
+    assert state.grid_skips(fixed) == []
     seen = []
     for i in range(8):
         p = search.suggest(f"t{i}")
@@ -137,21 +135,21 @@ def test_grid_visits_every_point_once_smallest_batch_first_and_skips_above_oom(t
         seen.append((p["precision"], p["batch_size"]))
         if p == {"precision": "32", "batch_size": 32}:  # runs out of memory
             search.on_trial_complete(f"t{i}", error=True)
-            shared(token).failures[f"t{i}"] = "oom"
-            record_oom(token, {**p, "compile": False, "num_workers": 2})
+            state.failures[f"t{i}"] = "oom"
+            state.record_oom({**p, "compile": False, "num_workers": 2})
             # the progress lines learn at once which points will never run, before the searcher reaches them
-            assert [(q["precision"], q["batch_size"]) for q in grid_skips(token, fixed)] == [("32", 64), ("32", 128)]
+            assert [(q["precision"], q["batch_size"]) for q in state.grid_skips(fixed)] == [("32", 64), ("32", 128)]
         else:
             search.on_trial_complete(f"t{i}", {TPUT: 1.0, FINAL: 1})
     assert seen == [("32", 16), ("32", 32), ("bf16-mixed", 16), ("bf16-mixed", 32), ("bf16-mixed", 64),
                     ("bf16-mixed", 128)]
     assert search.suggest("after") == search.FINISHED
-    assert [(q["precision"], q["batch_size"]) for q in grid_skips(token, fixed)] == [("32", 64), ("32", 128)]
+    assert [(q["precision"], q["batch_size"]) for q in state.grid_skips(fixed)] == [("32", 64), ("32", 128)]
 
 
-def test_multi_objective_tells_both_values(token: str) -> None:
+def test_multi_objective_tells_both_values(state: SearchState) -> None:
     text = SPEC + "objective: {metric: [throughput/samples_per_s, loss/val], mode: [max, min]}\n"
-    search = _searcher(text, token)
+    search = _searcher(text)
     search.suggest("t")
     search.on_trial_complete("t", {TPUT: 10.0, "loss/val": 2.0, FINAL: 1})
     assert search.study.trials[0].values == [10.0, 2.0] and len(search.study.directions) == 2
@@ -195,51 +193,43 @@ def test_a_target_with_another_objective_keeps_asha_on_steps() -> None:
 
 
 def test_an_oom_bounds_the_batch_only_for_the_same_own_params() -> None:
-    import uuid
-
-    from sweeps.search.searcher import oom_excluded, record_oom, release
-
-    token = uuid.uuid4().hex
+    state = SearchState()
     wide = {"precision": "32", "compile": False, "batch_size": 64, "params.hidden": 512}
-    try:
-        record_oom(token, wide)
-        assert oom_excluded(token, {**wide, "batch_size": 128}) == 64
-        assert oom_excluded(token, {**wide, "params.hidden": 64}) is None  # a narrower model may fit
-        assert oom_excluded(token, {**wide, "batch_size": 32}) is None
-    finally:
-        release(token)
+    state.record_oom(wide)
+    assert state.oom_excluded({**wide, "batch_size": 128}) == 64
+    assert state.oom_excluded({**wide, "params.hidden": 64}) is None  # a narrower model may fit
+    assert state.oom_excluded({**wide, "batch_size": 32}) is None
 
 
-def test_after_a_probe_settings_it_did_not_measure_are_bounded_by_its_smallest_failure(token: str) -> None:
-    from sweeps.search.searcher import oom_excluded, oom_skip_reason, record_probe
+def test_after_a_probe_settings_it_did_not_measure_are_bounded_by_its_smallest_failure(state: SearchState) -> None:
 
     eager = {"precision": "bf16-mixed", "compile": False}
     compiled = {**eager, "compile": True}
-    assert oom_excluded(token, {**compiled, "batch_size": 4096}) is None  # no probe, no trial: nothing bounds it
-    record_probe(token, eager, 256)
-    assert oom_excluded(token, {**compiled, "batch_size": 256}) == 256  # unmeasured: the probe saw 256 fail
-    assert oom_excluded(token, {**compiled, "batch_size": 64}) is None
-    assert oom_skip_reason(token, {**compiled, "batch_size": 256}) == (
+    assert state.oom_excluded({**compiled, "batch_size": 4096}) is None  # no probe, no trial: nothing bounds it
+    state.record_probe(eager, 256)
+    assert state.oom_excluded({**compiled, "batch_size": 256}) == 256  # unmeasured: the probe saw 256 fail
+    assert state.oom_excluded({**compiled, "batch_size": 64}) is None
+    assert state.oom_skip_reason({**compiled, "batch_size": 256}) == (
         "the memory probe saw batch_size=256 run out of memory and did not measure precision=bf16-mixed, compile=True")
-    record_probe(token, compiled, None)  # measured: every batch it tried fit
-    assert oom_excluded(token, {**compiled, "batch_size": 4096}) is None
-    record_oom(token, {**compiled, "batch_size": 512})  # a trial learns more than the probe did
-    assert oom_excluded(token, {**compiled, "batch_size": 512}) == 512
-    assert oom_skip_reason(token, {**compiled, "batch_size": 1024}) == (
+    state.record_probe(compiled, None)  # measured: every batch it tried fit
+    assert state.oom_excluded({**compiled, "batch_size": 4096}) is None
+    state.record_oom({**compiled, "batch_size": 512})  # a trial learns more than the probe did
+    assert state.oom_excluded({**compiled, "batch_size": 512}) == 512
+    assert state.oom_skip_reason({**compiled, "batch_size": 1024}) == (
         "batch_size=512 already ran out of memory with precision=bf16-mixed, compile=True")
 
 
-def test_the_searcher_is_tunes_public_searcher_and_its_state_survives_save_restore(token: str, tmp_path: Path) -> None:
+def test_the_searcher_is_tunes_public_searcher_and_its_state_survives_save_restore(state: SearchState, tmp_path: Path) -> None:
     from ray.tune.search import Searcher
     from ray.tune.search.optuna import OptunaSearch
 
-    search = _searcher(SPEC, token)
+    search = _searcher(SPEC)
     assert isinstance(search, Searcher) and not isinstance(search, OptunaSearch)
     first = search.suggest("a")
     search.on_trial_complete("a", {TPUT: 3.0, FINAL: 1})
     pending = search.suggest("b")
     search.save(str(tmp_path / "s.pkl"))
-    again = _searcher(SPEC, token)
+    again = _searcher(SPEC)
     again.restore(str(tmp_path / "s.pkl"))
     again.on_trial_complete("b", {TPUT: 4.0, FINAL: 1})  # a trial asked before the save is told after it
     assert [t.value for t in again.study.trials] == [3.0, 4.0] and [t.params for t in again.study.trials] == [first, pending]
@@ -282,9 +272,9 @@ def _drive(search: SweepSearch, n: int, at_once: int = 1, cv: float = 1.0,
 
 
 @pytest.mark.parametrize("at_once", [1, 3])
-def test_tpe_never_hands_out_a_configuration_twice(token: str, at_once: int) -> None:
+def test_tpe_never_hands_out_a_configuration_twice(state: SearchState, at_once: int) -> None:
     """12 trials over a 16-point space: 12 distinct configurations (TPE alone repeated 3-4 of 12 here)."""
-    search = _searcher(SIXTEEN % ("", 12), token)
+    search = _searcher(SIXTEEN % ("", 12))
     handed = _drive(search, 12, at_once)
     keys = {tuple(sorted(c.items())) for c in handed if isinstance(c, dict)}
     assert len(keys) == 12 and all(isinstance(c, dict) for c in handed)
@@ -292,17 +282,17 @@ def test_tpe_never_hands_out_a_configuration_twice(token: str, at_once: int) -> 
     assert all(t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL) for t in repeats)
 
 
-def test_an_exhausted_space_stops_and_says_so(token: str) -> None:
-    search = _searcher(SIXTEEN % ("", 24), token)
+def test_an_exhausted_space_stops_and_says_so(state: SearchState) -> None:
+    search = _searcher(SIXTEEN % ("", 24))
     handed = _drive(search, 24)
     ran = [c for c in handed if isinstance(c, dict)]
     assert len(ran) == len({tuple(sorted(c.items())) for c in ran}) == 16
     assert handed[16:] == [search.FINISHED] * 8
-    assert shared(token).exhausted == "every one of the space's 16 configurations has run (16 trials)"
+    assert state.exhausted == "every one of the space's 16 configurations has run (16 trials)"
 
 
-def test_an_exhausted_space_replicates_the_close_calls_when_asked(token: str) -> None:
-    search = _searcher(SIXTEEN % (", when_exhausted: replicate", 24), token)
+def test_an_exhausted_space_replicates_the_close_calls_when_asked(state: SearchState) -> None:
+    search = _searcher(SIXTEEN % (", when_exhausted: replicate", 24))
     # cv 5%: 6,400/s (batch 64, fp32, 1 rank; either width) and nothing else within 5% of it
     handed = _drive(search, 24, cv=5.0)
     ran = [c for c in handed if isinstance(c, dict)]
@@ -310,26 +300,26 @@ def test_an_exhausted_space_replicates_the_close_calls_when_asked(token: str) ->
     replicas = ran[16:]
     assert {(c["batch_size"], c["precision"], c["num_workers"]) for c in replicas} == {(64, "32", 1)}
     assert sorted(c["params.hidden"] for c in replicas) == [32] * 4 + [64] * 4  # the least replicated first
-    firsts = {v for k, v in shared(token).replicate_of.items()}
-    assert len(shared(token).replicate_of) == 8 and len(firsts) == 2  # each names its configuration's first trial
-    assert "replicate the close calls" in shared(token).exhausted
+    firsts = {v for k, v in state.replicate_of.items()}
+    assert len(state.replicate_of) == 8 and len(firsts) == 2  # each names its configuration's first trial
+    assert "replicate the close calls" in state.exhausted
 
 
-def test_no_close_call_no_replicate(token: str) -> None:
-    search = _searcher(SIXTEEN % (", when_exhausted: replicate", 24), token)
+def test_no_close_call_no_replicate(state: SearchState) -> None:
+    search = _searcher(SIXTEEN % (", when_exhausted: replicate", 24))
     wider = lambda c: _value(c) * (1.01 if c["params.hidden"] == 64 else 1.0)  # noqa: E731 - 1% apart, cv 0.01%
     handed = _drive(search, 24, cv=0.01, value=wider)
     assert sum(isinstance(c, dict) for c in handed) == 16
-    assert shared(token).exhausted.endswith("the best configuration is clear of the others beyond their noise: "
+    assert state.exhausted.endswith("the best configuration is clear of the others beyond their noise: "
                                             "nothing to replicate")
 
 
-def test_the_worker_count_is_held_for_runs_of_trials(token: str) -> None:
+def test_the_worker_count_is_held_for_runs_of_trials(state: SearchState) -> None:
     """TPE alternated num_workers 1 <-> 2 (7 warm groups for 12 trials); held in runs of 12 / (2 + 1) = 4:
     one run of each count first (the pool's first group, 1 rank, then 2), then the count TPE picks."""
-    search = _searcher(SIXTEEN % ("", 12), token)
+    search = _searcher(SIXTEEN % ("", 12))
     sizes = [c["num_workers"] for c in _drive(search, 12) if isinstance(c, dict)]
     assert sizes[:8] == [1] * 4 + [2] * 4
     changes = sum(a != b for a, b in zip(sizes, sizes[1:], strict=False))
     assert changes <= 2, sizes  # at most 3 groups
-    assert shared(token).runs is not None and shared(token).runs.run_length == 4
+    assert state.runs is not None and state.runs.run_length == 4

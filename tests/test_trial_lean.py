@@ -74,14 +74,14 @@ def test_every_run_gets_the_sweeps_train_settings_on_a_cluster_too_and_a_users_o
     from ray.train.v2._internal.constants import get_env_vars_to_propagate
 
     from sweeps.service.resources import TRAIN_RUN_ENV
-    from sweeps.service.trial import _torch_trainer
+    from sweeps.service.trial import Ranks, _torch_trainer
     from sweeps.spec import ScalingSpec
 
     for key in TRAIN_RUN_ENV:  # unset for the call, and unset again after the test (what it sets does not leak)
         monkeypatch.setenv(key, "")
         monkeypatch.delenv(key)
     monkeypatch.setenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "1")  # the user's choice
-    _torch_trainer(_noop, {}, ScalingSpec(), 2, 1.0, 60.0, "run", str(tmp_path), [])
+    _torch_trainer(_noop, {}, Ranks(ScalingSpec(), 2, 1.0, 60.0), "run", str(tmp_path), [])
     handed_on = get_env_vars_to_propagate()
     assert handed_on["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "0.5"  # reports taken every 0.5 s, not Ray's 2
     assert handed_on["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "1"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import trainables.loop
+import trainables.build
 from tests.fake_nvml import FakeGpu, FakeNvml
 from trainables import contract
 from trainables.contract import TrialConfig
@@ -31,7 +31,7 @@ class _FakeGpuTelemetry(Telemetry):
 
 def test_interim_energy_per_item_is_that_windows_energy_over_that_windows_items(
         monkeypatch: pytest.MonkeyPatch, data_dir: Path) -> None:
-    monkeypatch.setattr(trainables.loop, "Telemetry", _FakeGpuTelemetry)
+    monkeypatch.setattr(trainables.build, "Telemetry", _FakeGpuTelemetry)
     cfg = TrialConfig(workload="image-cnn", batch_size=16, precision="32", lr=1e-3, num_steps=12, num_warmup_steps=3,
                       report_interval_s=1e-6, telemetry_period_s=0.002, data_dir=str(data_dir),
                       workload_params={"image_size": 16, "num_train_images": 256, "num_val_images": 64, "width": 8})

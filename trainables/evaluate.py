@@ -8,27 +8,26 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from trainables import contract
 from trainables.batches import checked_count, checked_eval, loss_of, move_to_device
+from trainables.build import Built
 from trainables.contract import TrialConfig
 from trainables.errors import WorkloadError
-from trainables.precision import Precision
 from trainables.telemetry import StepTimer
 from trainables.window import all_reduce, world
-from trainables.workloads.base import Workload
 
 Loader = Callable[[], Any]  # -> a DataLoader over this rank's validation shard
 
 
 @torch.no_grad()
-def validate(
-    model: nn.Module, wl: Workload, loader: Loader, prec: Precision, device: torch.device, pin: bool,
-    step: Callable[[nn.Module, Any], Any], count: Callable[[Any], int],
-) -> dict[str, float]:
+def validate(t: Built, loader: Loader) -> dict[str, float]:
     """`loss/val` and the workload's `eval/<name>` metrics, each the item-weighted mean over the
-    whole validation set (every rank's shard), so a token-mean loss stays a token mean."""
+    whole validation set (every rank's shard), so a token-mean loss stays a token mean. On the bare
+    model: DDP's forward may broadcast buffers (BatchNorm), and ranks whose shards differ in batches
+    would then pair mismatched collectives."""
+    model, wl, prec, device, pin = t.m.model, t.m.wl, t.prec, t.device, t.pin
+    step, count = t.m.step_fn, t.m.count
     _, world_size = world()
     model.eval()
     total = torch.zeros((), dtype=torch.float64, device=device)

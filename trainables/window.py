@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from trainables import contract
 from trainables.errors import DivergedError
-from trainables.noise_scale import CommTimer, NoiseScale
+from trainables.instruments import Instruments
 from trainables.telemetry import StepTimer, Telemetry, combine_ranks
 
 
@@ -80,11 +80,11 @@ def telemetry_metrics(telemetry: Telemetry | None, elapsed: float, since_last: b
 class MeasuredWindow:
     """Times the measured window and counts what happens in it (this rank), for the reports."""
 
-    def __init__(self, device: torch.device, telemetry: Telemetry | None, unit: str, world_size: int,
-                 noise: NoiseScale | None, small_batches_per_step: int, comm: CommTimer | None = None) -> None:
-        self.device, self.telemetry, self.unit, self.world = device, telemetry, unit, world_size
-        self.comm = comm  # DDP: the all-reduce wait backward did not hide
-        self.noise, self.small_per_step = noise, small_batches_per_step  # the noise scale's small batch: ranks or micro-batches
+    def __init__(self, device: torch.device, inst: Instruments, unit: str, world_size: int,
+                 small_batches_per_step: int) -> None:
+        self.device, self.telemetry, self.unit, self.world = device, inst.telemetry, unit, world_size
+        self.comm = inst.comm  # DDP: the all-reduce wait backward did not hide
+        self.noise, self.small_per_step = inst.noise, small_batches_per_step  # the noise scale's small batch: ranks or micro-batches
         self.timer = StepTimer(device)
         self.items = 0  # counted in the measured window
         self.copied = 0  # host->device bytes in the measured window (CUDA only: on a CPU nothing is copied)

@@ -378,9 +378,23 @@ def any_failed(report: dict[str, Any]) -> bool:
     return bool(report["findings"]) or any(c["status"] == "fail" for n in report["nodes"] for c in n.get("checks", []))
 
 
-def doctor(quick: bool, gpu_checks: bool, address: str | None, json_path: str, tracking_uri: str | None,
-           storage_path: str, command: str) -> int:
+@dataclass(frozen=True)
+class Ask:
+    """What `sweeps doctor` was asked: how much to measure, where, where to write and log, in the user's words."""
+
+    quick: bool = False
+    gpu_checks: bool = False
+    address: str | None = None  # a Ray cluster: one check per node
+    json_path: str = "doctor.json"
+    tracking_uri: str | None = None  # None: do not log to MLflow
+    storage_path: str = "ray_results"
+    command: str = "sweeps doctor"
+
+
+def doctor(ask: Ask) -> int:
     """The `sweeps doctor` command: measure, print, write JSON (and the evidence file), log to MLflow."""
+    quick, gpu_checks, address, json_path = ask.quick, ask.gpu_checks, ask.address, ask.json_path
+    tracking_uri, storage_path, command = ask.tracking_uri, ask.storage_path, ask.command
     t0 = time.perf_counter()
     report = (run_cluster(address, quick, gpu_checks, storage_path) if address
               else run_local(quick, gpu_checks, storage_path))

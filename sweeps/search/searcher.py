@@ -7,14 +7,12 @@ interface, with what a throughput sweep needs:
   proposing batch sizes that run out of memory. A trial that cannot run (oom, unsupported) or
   breaks a spec constraint (e.g. `loss/val` <= 2.5) is told to Optuna as COMPLETE with a
   positive `Trial.set_constraint` value: constraint-aware TPE puts it in the bad group.
-- **Monotone skipping.** Once batch b ran out of memory with some memory settings (`oom_key`:
-  precision, compile, the trainable's own params), no batch >= b is run with them: such proposals
-  are told as infeasible without running, and the sampler asked again. After a memory probe
-  (`sweeps.service.probe`), settings it did not measure are bounded by the smallest batch it saw fail.
+- **Monotone skipping** (`sweeps.search.state`): a proposal at or above a batch that ran out of memory
+  with the same memory settings is told as infeasible without running, and the sampler asked again.
 - **Grid mode** walks every combination once, smallest batch first, with the same skipping.
 
-Tune copies and pickles searchers, stoppers and callbacks (`tuner.pkl`, experiment state), so
-they share live state through `shared(token)` rather than through references.
+What it shares with the stopper and the callback (OOM bounds, failure kinds, what is left) is the
+sweep's `sweeps.search.state.SearchState`, read through `current()`: Tune copies and pickles them all.
 """
 
 from __future__ import annotations
@@ -22,7 +20,6 @@ from __future__ import annotations
 import logging
 import pickle
 import warnings
-from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
@@ -31,6 +28,7 @@ from ray.tune.search import Searcher
 
 from sweeps.search.plan import SIZE, SizeRuns, config_key, finite_points, unvisited
 from sweeps.search.space import optuna_space
+from sweeps.search.state import current
 from sweeps.search.trials import fixed_knobs
 from sweeps.spec import PARAMS_PREFIX, ConstraintSpec, SweepSpec, TargetSpec
 from trainables.contract import ELAPSED_S, FINAL, STEPS, TIME_TO_TARGET_S, cv_key_of
@@ -43,116 +41,16 @@ _MAX_REPEATS = 8  # proposals in a row of what already ran before the search pic
 _FITS = "fits"  # constraint name for "the trial could run at all"
 
 
-@dataclass
-class Shared:
-    """State of one sweep shared by its callback, searcher and stopper (see module doc)."""
-
-    tripped: str = ""  # why the circuit breaker stopped the sweep
-    oom_bounds: dict[tuple[Any, ...], int] = field(default_factory=dict)  # oom_key -> smallest batch a trial ran out at
-    probed: set[tuple[Any, ...]] = field(default_factory=set)  # oom_keys whose frontier the memory probe measured
-    probe_oom: dict[tuple[Any, ...], int] = field(default_factory=dict)  # oom_key -> smallest batch the probe saw fail
-    failures: dict[str, str] = field(default_factory=dict)  # errored trial id -> failure kind
-    grid_left: list[dict[str, Any]] = field(default_factory=list)  # grid points the searcher has yet to hand out
-    grid_skipped: list[dict[str, Any]] = field(default_factory=list)  # grid points it skipped (out of memory bounds)
-    exhausted: str = ""  # why the search handed out no more trials: every configuration of the space has run
-    replicate_of: dict[str, str] = field(default_factory=dict)  # a replicate's trial id -> the first trial of its configuration
-    runs: SizeRuns | None = None  # the worker count's runs (sweeps.search.plan): what the ETA prices restarts by
-    space_left: int | None = None  # configurations not yet handed out, where the search stops when none is left
-
-
-_SHARED: dict[str, Shared] = {}
-
-
-def shared(token: str) -> Shared:
-    return _SHARED.setdefault(token, Shared())
-
-
-def release(token: str) -> None:
-    _SHARED.pop(token, None)
-
-
-def oom_key(knobs: dict[str, Any]) -> tuple[Any, ...]:
-    """What, besides the batch size, decides whether a trial fits in memory: precision, compile,
-    the trainable's own params in the space (a wider model runs out of memory at a smaller batch)
-    and the number of ranks (per-rank memory changes little with it, but DDP's buckets and the
-    collectives' buffers do: not assumed). Not grad_accum_steps: a micro-batch's activations are the
-    same whether gradients accumulate."""
-    own = tuple(sorted((k, str(v)) for k, v in knobs.items() if k.startswith(PARAMS_PREFIX)))
-    workers = knobs.get("num_workers")
-    return str(knobs["precision"]), bool(knobs["compile"]), own, int(workers) if workers is not None else None
-
-
-def oom_label(knobs: dict[str, Any]) -> str:
-    """The memory settings of `knobs` (its `oom_key`) as a message names them."""
-    precision, compiled, own, workers = oom_key(knobs)
-    return ", ".join([f"precision={precision}", f"compile={compiled}", *(f"{k}={v}" for k, v in own),
-                      *([f"num_workers={workers}"] if workers is not None else [])])
-
-
-def record_oom(token: str, knobs: dict[str, Any]) -> None:
-    """A trial ran out of memory: no batch this large or larger is run with the same memory settings."""
-    bounds = shared(token).oom_bounds
-    key = oom_key(knobs)
-    bounds[key] = min(bounds.get(key, int(knobs["batch_size"])), int(knobs["batch_size"]))
-
-
-def record_probe(token: str, knobs: dict[str, Any], oom_batch: int | None, measured: bool = True) -> None:
-    """What the memory probe learnt about the memory settings of `knobs`: `oom_batch`, the smallest
-    batch it saw run out of memory (None: every batch it tried fit); `measured`, whether it found
-    their frontier (False when another failure stopped it, so they count as not measured)."""
-    s, key = shared(token), oom_key(knobs)
-    if measured:
-        s.probed.add(key)
-    if oom_batch is not None:
-        s.probe_oom[key] = min(s.probe_oom.get(key, oom_batch), oom_batch)
-
-
-def _bounds(token: str, knobs: dict[str, Any]) -> tuple[int | None, int | None]:
-    """(what ran out with these very settings, the probe's smallest failure if it did not measure them)."""
-    s, key = shared(token), oom_key(knobs)
-    own = [b for b in (s.oom_bounds.get(key), s.probe_oom.get(key)) if b is not None]
-    # Unmeasured settings may need more memory than any the probe measured: none of its failing
-    # batches is trusted to fit there.
-    unmeasured = min(s.probe_oom.values()) if s.probe_oom and key not in s.probed else None
-    return min(own, default=None), unmeasured
-
-
-def oom_excluded(token: str, knobs: dict[str, Any]) -> int | None:
-    """The batch size that bounds `knobs` if its batch is at or above it: what already ran out of
-    memory with the same settings (`oom_key`), or, for settings the memory probe did not measure,
-    the smallest batch the probe saw run out of memory with any settings."""
-    bound = min((b for b in _bounds(token, knobs) if b is not None), default=None)
-    return bound if bound is not None and int(knobs["batch_size"]) >= bound else None
-
-
-def grid_skips(token: str, fixed: dict[str, Any]) -> list[dict[str, Any]]:
-    """The knobs (`fixed` and the point) of each grid point that will never run: those the searcher skipped,
-    and those still to hand out that what ran out of memory since rules out (`oom_excluded`). Empty outside
-    grid mode."""
-    s = shared(token)
-    left = ({**fixed, **p} for p in s.grid_left)
-    return [{**fixed, **p} for p in s.grid_skipped] + [k for k in left if oom_excluded(token, k) is not None]
-
-
-def oom_skip_reason(token: str, knobs: dict[str, Any]) -> str:
-    """Why `oom_excluded` rules `knobs` out, for the log."""
-    same, unmeasured = _bounds(token, knobs)
-    if same is not None and int(knobs["batch_size"]) >= same:
-        return f"batch_size={same} already ran out of memory with {oom_label(knobs)}"
-    return (f"the memory probe saw batch_size={unmeasured} run out of memory and did not measure "
-            f"{oom_label(knobs)}")
-
-
 class SweepSearch(Searcher):
     """Tune's public `Searcher` over an Optuna study's public ask/tell, with infeasibility feedback,
     monotone OOM skipping, grid mode, no configuration twice and runs per worker count (`sweeps.search.plan`).
     Nothing of `OptunaSearch` is used."""
 
     def __init__(self, space: dict[str, Any], metric: str | list[str], mode: str | list[str],
-                 sampler: optuna.samplers.BaseSampler, token: str, fixed: dict[str, Any],
-                 constraints: list[ConstraintSpec], grid: list[dict[str, Any]] | None = None, *,
-                 points: list[dict[str, Any]] | None = None, runs: SizeRuns | None = None,
-                 when_exhausted: str = "stop", noise_key: str | None = None, seed: int = 0) -> None:
+                 *, sampler: optuna.samplers.BaseSampler, fixed: dict[str, Any], constraints: list[ConstraintSpec],
+                 grid: list[dict[str, Any]] | None = None, points: list[dict[str, Any]] | None = None,
+                 runs: SizeRuns | None = None, when_exhausted: str = "stop", noise_key: str | None = None,
+                 seed: int = 0) -> None:
         # Tune's base class keeps one metric and mode; a multi-objective study keeps its own lists
         super().__init__(metric=metric if isinstance(metric, str) else metric[0],
                          mode=mode if isinstance(mode, str) else mode[0])
@@ -162,7 +60,6 @@ class SweepSearch(Searcher):
         self._sampler = sampler
         self._study = optuna.create_study(sampler=sampler, directions=[
             "maximize" if m == "max" else "minimize" for m in modes])
-        self._token = token
         self._fixed = fixed
         self._constraints = list(constraints)
         self._grid = list(grid) if grid is not None else None
@@ -232,9 +129,9 @@ class SweepSearch(Searcher):
                     break
                 continue
             knobs = {**self._fixed, **config}
-            if oom_excluded(self._token, knobs) is None:
+            if current().oom_excluded(knobs) is None:
                 return config
-            logger.info("skipping %s: %s", config, oom_skip_reason(self._token, knobs))
+            logger.info("skipping %s: %s", config, current().oom_skip_reason(knobs))
             self._tell_infeasible(self._asked.pop(trial_id), {_FITS: 1.0})
         if self._points is None:
             if repeats:
@@ -244,7 +141,7 @@ class SweepSearch(Searcher):
             return None
         # a finite space: a configuration not yet run, that fits the memory bounds
         for point in unvisited(self._points, set(self._handed), self._seed + len(self._handed), size):
-            if oom_excluded(self._token, {**self._fixed, **point}) is None:
+            if current().oom_excluded({**self._fixed, **point}) is None:
                 self._study.enqueue_trial(point)
                 return self._ask(trial_id, size)
         return None
@@ -281,14 +178,14 @@ class SweepSearch(Searcher):
         if not close:
             extra = ("" if self._when_exhausted != "replicate" else
                      "; the best configuration is clear of the others beyond their noise: nothing to replicate")
-            shared(self._token).exhausted = f"{why} ({ran} trials){extra}"
+            current().exhausted = f"{why} ({ran} trials){extra}"
             return None
         key = min(close, key=lambda k: len(self._handed[k]))
         config = dict(key)
         self._study.enqueue_trial(config)
         asked = self._ask(trial_id)
-        shared(self._token).replicate_of[trial_id] = self._handed[key][0]
-        shared(self._token).exhausted = f"{why}: the rest of the trials replicate the close calls"
+        current().replicate_of[trial_id] = self._handed[key][0]
+        current().exhausted = f"{why}: the rest of the trials replicate the close calls"
         return asked
 
     def _close_calls(self) -> list[tuple[Any, ...]]:
@@ -317,10 +214,10 @@ class SweepSearch(Searcher):
             while self._grid:
                 point = self._grid.pop(0)
                 knobs = {**self._fixed, **point}
-                if oom_excluded(self._token, knobs) is None:
+                if current().oom_excluded(knobs) is None:
                     self._study.enqueue_trial(point)
                     return self._ask(trial_id)
-                logger.info("grid: skipping %s: %s", point, oom_skip_reason(self._token, knobs))
+                logger.info("grid: skipping %s: %s", point, current().oom_skip_reason(knobs))
                 self._skipped.append(point)
             return Searcher.FINISHED  # type: ignore[return-value]
         finally:
@@ -328,7 +225,7 @@ class SweepSearch(Searcher):
 
     def _publish(self) -> None:
         """What is left of the grid and the worker count's runs, for the progress lines (`grid_skips`, the ETA)."""
-        s = shared(self._token)
+        s = current()
         s.grid_left, s.grid_skipped = list(self._grid or []), list(self._skipped)
         s.runs = self._runs
         s.space_left = (len(self._points) - len(self._handed) if self._points is not None
@@ -372,7 +269,7 @@ class SweepSearch(Searcher):
 
     def _settle(self) -> None:
         """Tell Optuna about errored trials the sweep callback has classified since."""
-        failures = shared(self._token).failures
+        failures = current().failures
         for trial_id in [t for t in self._deferred if t in failures]:
             ot_trial = self._deferred.pop(trial_id)
             if failures[trial_id] in INFEASIBLE_KINDS:
@@ -417,7 +314,7 @@ class SweepSearch(Searcher):
         return self._study
 
 
-def make_searcher(spec: SweepSpec, token: str) -> SweepSearch | None:
+def make_searcher(spec: SweepSpec) -> SweepSearch | None:
     """Seeded search over the searched knobs; None (Tune's plain repeats) when all are fixed."""
     if not spec.space.searched():
         return None
@@ -432,7 +329,6 @@ def make_searcher(spec: SweepSpec, token: str) -> SweepSearch | None:
         metric=list(obj.metrics) if obj.multi else obj.primary,
         mode=list(obj.modes) if obj.multi else obj.primary_mode,
         sampler=sampler,  # seeded
-        token=token,
         fixed=fixed_knobs(spec),
         # a target is a constraint too: a trial that misses it is infeasible, by how far it stayed
         constraints=[*obj.constraints, *([obj.target] if obj.target is not None else [])],

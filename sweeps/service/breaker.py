@@ -8,7 +8,7 @@ from typing import Any
 from ray import tune
 
 from sweeps.results.outcome import NOT_FAILED
-from sweeps.search.searcher import shared
+from sweeps.search.state import current
 from sweeps.service.failures import signature
 
 
@@ -34,13 +34,11 @@ class FailureStreak:
 
 
 class BreakerStopper(tune.Stopper):
-    """Stops every trial, and starts no new one, once the sweep callback's breaker trips."""
-
-    def __init__(self, token: str) -> None:
-        self.token = token
+    """Stops every trial, and starts no new one, once the sweep callback's breaker trips (the running
+    sweep's `SearchState.tripped`: Tune copies the stopper, so it holds nothing itself)."""
 
     def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
         return False
 
     def stop_all(self) -> bool:
-        return bool(shared(self.token).tripped)
+        return bool(current().tripped)

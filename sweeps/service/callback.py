@@ -3,12 +3,14 @@ the circuit breaker, OOM bounds, verdicts and each trial's final status."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
 import cloudpickle
@@ -19,7 +21,8 @@ from sweeps.results.outcome import MEASURED, REPLICATE_TAG, TrialRow, end_status
 from sweeps.results.sol import SpeedOfLight
 from sweeps.results.verdict import verdict
 from sweeps.search.plan import SIZE, size_changes
-from sweeps.search.searcher import grid_skips, knobs_of, oom_label, record_oom, shared
+from sweeps.search.searcher import knobs_of
+from sweeps.search.state import SearchState, oom_label
 from sweeps.search.trials import fixed_knobs, resolve_trial, trial_params
 from sweeps.service.breaker import FailureStreak
 from sweeps.service.failures import failure_of
@@ -41,22 +44,32 @@ def _trial_error(trial: Any) -> BaseException | None:
     return trial.get_pickled_error()  # type: ignore[no-any-return]
 
 
-# The live callback of each running sweep, by token. Tune pickles its RunConfig into
-# `tuner.pkl`; a callback pickles as its token and unpickles (same process, or a resumed
-# driver that registered a new one) as the live callback, never as a stale copy.
-_LIVE: dict[str, SweepCallback] = {}
+# The running sweep's callback (`live`). Tune pickles its RunConfig into `tuner.pkl`; a callback pickles
+# as a reference to the live one and unpickles (same process, or a resumed driver that made a new one) as
+# it, never as a stale copy; outside a sweep (e.g. reading tuner.pkl) as an inert callback.
+_LIVE: ContextVar[SweepCallback | None] = ContextVar("sweeps_live_callback", default=None)
 
 
-def _live_callback(token: str) -> tune.Callback:
-    return _LIVE.get(token) or tune.Callback()  # outside a sweep (e.g. inspecting tuner.pkl): inert
+def _live_callback() -> tune.Callback:
+    return _LIVE.get() or tune.Callback()
+
+
+@contextlib.contextmanager
+def live(callback: SweepCallback) -> Iterator[SweepCallback]:
+    """Make `callback` the one every pickled copy of a sweep callback turns into, while inside."""
+    token = _LIVE.set(callback)
+    try:
+        yield callback
+    finally:
+        _LIVE.reset(token)
 
 
 class SweepCallback(tune.Callback):
     """Mirrors Tune's trial lifecycle into MLflow and prints concise progress lines."""
 
-    def __init__(self, spec: SweepSpec, tracker: SweepTracker, echo: Callable[[str], None], token: str,
+    def __init__(self, spec: SweepSpec, tracker: SweepTracker, echo: Callable[[str], None], state: SearchState,
                  rows: list[TrialRow] | None = None) -> None:
-        self.spec, self.tracker, self.echo, self.token = spec, tracker, echo, token
+        self.spec, self.tracker, self.echo, self.state = spec, tracker, echo, state
         self.rows: dict[str, TrialRow] = {r.trial_id: r for r in rows or []}
         self.t0 = time.monotonic()
         self._streak = FailureStreak(spec.budget.max_identical_failures)
@@ -69,15 +82,14 @@ class SweepCallback(tune.Callback):
         self.speed_of_light: SpeedOfLight | None = None  # measured limits to score finished trials against
         for row in self.rows.values():  # a resumed sweep keeps what it learnt about memory
             if row.status == "oom":
-                record_oom(token, knobs_of(spec, row))
-        _LIVE[token] = self
+                state.record_oom(knobs_of(spec, row))
 
-    def __reduce__(self) -> tuple[Any, tuple[str]]:
-        return (_live_callback, (self.token,))
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return (_live_callback, ())
 
     @property
     def tripped(self) -> str:
-        return shared(self.token).tripped
+        return self.state.tripped
 
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         params = trial_params(self.spec, resolve_trial(self.spec, dict(trial.config)))
@@ -91,7 +103,7 @@ class SweepCallback(tune.Callback):
         self.tracker.trial_started(trial.trial_id, row.number, params)
         row.run_id = self.tracker.run_id(trial.trial_id)
         shown = ", ".join(f"{k}={v}" for k, v in trial.config.items())
-        first = shared(self.token).replicate_of.get(trial.trial_id)
+        first = self.state.replicate_of.get(trial.trial_id)
         if first in self.rows:
             row.replicate_of = self.rows[first].number
         again = f" (a replicate of trial {row.replicate_of})" if row.replicate_of else ""
@@ -113,7 +125,7 @@ class SweepCallback(tune.Callback):
         self.echo(f"HALTING the sweep: trial {row.number} {why}. Finished trials are kept; trials still running "
                   "run again when the sweep is resumed.")
         if not _interrupt_tune():  # not Tune's main thread: stop every trial instead (they end as stopped)
-            shared(self.token).tripped = f"halted: {self.halted}"
+            self.state.tripped = f"halted: {self.halted}"
 
     def started(self) -> set[str]:
         """Trials this driver started (a resumed sweep's earlier trials are not among them)."""
@@ -141,7 +153,7 @@ class SweepCallback(tune.Callback):
                   "trainable report it (eval_fn for eval/<name>)")
         self._finish(row.trial_id, "config", reason)
         if not self.tripped:
-            shared(self.token).tripped = f"objective metric not reported: {reason}"
+            self.state.tripped = f"objective metric not reported: {reason}"
             self.echo(f"STOPPING the sweep: {reason}")
 
     def _out_of_time(self) -> bool:
@@ -150,7 +162,7 @@ class SweepCallback(tune.Callback):
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         kind, reason = failure_of(_trial_error(trial))
-        shared(self.token).failures[trial.trial_id] = kind  # the searcher learns from it (infeasible or not)
+        self.state.failures[trial.trial_id] = kind  # the searcher learns from it (infeasible or not)
         self._finish(trial.trial_id, kind, reason)
 
     def _finish(self, trial_id: str, status: str, reason: str) -> None:
@@ -175,7 +187,7 @@ class SweepCallback(tune.Callback):
         row.run_id = row.run_id or self.tracker.run_id(trial_id)
         knobs = knobs_of(self.spec, row) if status == "oom" else {}
         if knobs:  # before the progress line: the grid points it rules out are no longer to come
-            record_oom(self.token, knobs)
+            self.state.record_oom(knobs)
         self.echo(self._progress(row))
         self._count_failure(status, reason)
         if knobs:
@@ -198,7 +210,7 @@ class SweepCallback(tune.Callback):
         """Circuit breaker: the same error N times in a row will not fix itself (e.g. an ImportError)."""
         why = self._streak.add(status, reason)
         if why and not self.tripped:
-            shared(self.token).tripped = why
+            self.state.tripped = why
             self.echo(f"STOPPING the sweep: {why}. Fix that, then run the sweep again.")
 
     def _progress(self, row: TrialRow) -> str:
@@ -207,10 +219,10 @@ class SweepCallback(tune.Callback):
         running = [(self._precision(k), now - t) for k, t in self._began.items() if k not in self._ended]
         slow = self.speed_of_light.emulated_precisions() \
             if self.speed_of_light is not None and not self.spec.scaling.use_gpu else frozenset()
-        skipped = [str(k.get("precision")) for k in grid_skips(self.token, fixed_knobs(self.spec))]
+        skipped = [str(k.get("precision")) for k in self.state.grid_skips(fixed_knobs(self.spec))]
         group_s, restarts = self._restarts()
         return progress_line(self.spec, row, list(self.rows.values()), time.monotonic() - self.t0,
-                             Costs(ended, running, slow, skipped, group_s, restarts, shared(self.token).space_left))
+                             Costs(ended, running, slow, skipped, group_s, restarts, self.state.space_left))
 
     def _restarts(self) -> tuple[float, float]:
         """(what a warm group's start cost on this cluster, the restarts the trials to come are expected to
@@ -225,7 +237,7 @@ class SweepCallback(tune.Callback):
         if not took:
             return 0.0, 0.0
         n = max(0, self.spec.budget.num_trials - len(self.rows))
-        state = shared(self.token)
+        state = self.state
         if state.runs is not None:
             return statistics.fmean(took), state.runs.expected_restarts(n)
         latest = max(self.rows.values(), key=lambda r: r.number, default=None)

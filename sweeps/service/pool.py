@@ -265,8 +265,8 @@ class GroupSupervisor:
             groups += 1
             size = int(ray.get(queue.size_for.remote(slot, size)))  # a group that ended to resize named it
             ray.get(queue.group_starting.remote(slot, size, why))
-            trainer = make_group_trainer(spec, queue, slot, f"{name}-slot{slot}-group{groups}", storage_path, workdir,
-                                         size)
+            trainer = make_group_trainer(spec, queue, slot, f"{name}-slot{slot}-group{groups}", storage_path,
+                                         (workdir, size))
             try:
                 trainer.fit()
                 why = "resize"  # it ended for a group of another size (or the sweep is over)

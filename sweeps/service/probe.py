@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from sweeps.search.searcher import record_probe
+from sweeps.search.state import SearchState
 from sweeps.search.trials import fixed_knobs, resolve_trial, worker_counts
 from sweeps.service.failures import classify
 from sweeps.service.trial import WarmFailure, warm_reports
@@ -120,7 +120,7 @@ def _names(setting: dict[str, Any], searched: set[str]) -> tuple[str, str]:
     return line, re.sub(r"[^\w.\-]", "_", tag)  # the characters MLflow allows in a tag's key
 
 
-def probe_frontier(spec: SweepSpec, queue: Any, token: str, echo: Callable[[str], None]) -> dict[str, str]:
+def probe_frontier(spec: SweepSpec, queue: Any, state: SearchState, echo: Callable[[str], None]) -> dict[str, str]:
     """Probe every combination of memory settings (`memory_settings`) and tell the search what it
     learnt; returns the parent run's tags (`sweep.probe.<precision>[.compile][.params.<name>.<value>]`)."""
     space = spec.space
@@ -133,7 +133,7 @@ def probe_frontier(spec: SweepSpec, queue: Any, token: str, echo: Callable[[str]
         knobs = {**fixed_knobs(spec), **others, **setting}
         lo, hi, tried, note = _frontier(queue, spec, knobs, candidates)
         failed = candidates[hi] if hi < len(candidates) else None
-        record_probe(token, knobs, failed, measured=not note)
+        state.record_probe(knobs, failed, measured=not note)
         name, tag = _names(setting, set(searched))
         fits = candidates[lo] if lo >= 0 else None
         found = (f"largest batch_size that fits {fits if fits is not None else 'none'}"

@@ -12,6 +12,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -130,8 +131,19 @@ def _lean_torch_trainer() -> type:
     return LeanTorchTrainer
 
 
-def _torch_trainer(train_fn: Any, config: dict[str, Any], scaling: ScalingSpec, num_workers: int, cpus_per_rank: float,
-                   timeout_s: float, name: str, storage_path: str, callbacks: list[Any]) -> Any:
+@dataclass(frozen=True)
+class Ranks:
+    """A Train run's worker group: the spec's scaling, how many ranks, what each reserves, how long a
+    collective may hang."""
+
+    scaling: ScalingSpec
+    num_workers: int
+    cpus_per_rank: float  # the rank's own cores and its loader workers' share
+    timeout_s: float  # the process group's timeout (a hung peer)
+
+
+def _torch_trainer(train_fn: Any, config: dict[str, Any], ranks: Ranks, name: str, storage_path: str,
+                   callbacks: list[Any] | None = None) -> Any:
     import ray.train
     from ray.train.torch import TorchConfig
 
@@ -139,22 +151,23 @@ def _torch_trainer(train_fn: Any, config: dict[str, Any], scaling: ScalingSpec, 
     # local sweep's runtime env set them already, a job's may not have (sweeps.service.resources.TRAIN_RUN_ENV)
     for key, value in TRAIN_RUN_ENV.items():
         os.environ.setdefault(key, value)
+    scaling = ranks.scaling
     return _lean_torch_trainer()(
         train_fn,
         train_loop_config=config,
-        torch_config=TorchConfig(backend="nccl" if scaling.use_gpu else "gloo", timeout_s=int(max(timeout_s, 1))),
+        torch_config=TorchConfig(backend="nccl" if scaling.use_gpu else "gloo", timeout_s=int(max(ranks.timeout_s, 1))),
         scaling_config=ray.train.ScalingConfig(
-            num_workers=num_workers,
+            num_workers=ranks.num_workers,
             use_gpu=scaling.use_gpu,
             # the rank's own cores and its loader workers' share: loader processes run on cores that
             # would otherwise be counted free for another rank or trial (and bias the searched knob)
-            resources_per_worker={"CPU": cpus_per_rank, "GPU": scaling.gpus_per_worker},
+            resources_per_worker={"CPU": ranks.cpus_per_rank, "GPU": scaling.gpus_per_worker},
             accelerator_type=scaling.accelerator_type,
         ),
         run_config=ray.train.RunConfig(
             name=name,
             storage_path=storage_path,
-            callbacks=callbacks,
+            callbacks=callbacks or [],
             failure_config=ray.train.FailureConfig(max_failures=0),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1),  # disk use stays bounded
         ),
@@ -167,26 +180,27 @@ def make_trainer(cfg: TrialConfig, scaling: ScalingSpec, name: str, storage_path
     (the sweep driver's working directory) where that is on its node, else in Ray's run folder."""
     from trainables.pool_worker import WORKDIR, cold_worker
 
-    return _torch_trainer(cold_worker, {"trial": cfg.to_dict(), WORKDIR: workdir}, scaling,
-                          cfg.num_workers or scaling.num_workers, scaling.cpus_per_rank(cfg.num_dataloader_workers),
-                          cfg.collective_timeout_s, name, storage_path, callbacks)
+    ranks = Ranks(scaling, cfg.num_workers or scaling.num_workers, scaling.cpus_per_rank(cfg.num_dataloader_workers),
+                  cfg.collective_timeout_s)
+    return _torch_trainer(cold_worker, {"trial": cfg.to_dict(), WORKDIR: workdir}, ranks, name, storage_path, callbacks)
 
 
 def make_group_trainer(spec: SweepSpec, queue: Any, slot: int, name: str, storage_path: str,
-                       workdir: str | None = None, num_workers: int | None = None) -> Any:
-    """A warm group of `num_workers` ranks (default: the spec's first count): a `TorchTrainer` whose
-    ranks serve the trials of that size in `queue` until it closes or asks for another size, in
-    `workdir` as `make_trainer`'s. Each rank holds what the largest trial of the space needs (loader
-    workers included) for as long as it lives."""
+                       group: tuple[str | None, int | None] = (None, None)) -> Any:
+    """A warm group (`group`: every rank's working directory, as `make_trainer`'s, and its number of ranks,
+    default the spec's first count): a `TorchTrainer` whose ranks serve the trials of that size in `queue`
+    until it closes or asks for another size. Each rank holds what the largest trial of the space needs
+    (loader workers included) for as long as it lives."""
     from trainables.pool_worker import WORKDIR, pool_worker
 
+    workdir, num_workers = group
     # An idle group's ranks wait together, one short poll at a time: well inside the process-group
     # timeout, or a short budget.collective_timeout_s would end an idle group (rank 1 waits in a broadcast)
     poll_s = min(2.0, spec.budget.collective_timeout_s / 4)
+    ranks = Ranks(spec.scaling, num_workers or first_workers(spec), spec.scaling.cpus_per_rank(max_loader_workers(spec)),
+                  spec.budget.collective_timeout_s)
     return _torch_trainer(pool_worker, {"queue": queue, "slot": slot, "group": name, WORKDIR: workdir,
-                                        "idle_poll_s": poll_s}, spec.scaling,
-                          num_workers or first_workers(spec), spec.scaling.cpus_per_rank(max_loader_workers(spec)),
-                          spec.budget.collective_timeout_s, name, storage_path, callbacks=[])
+                                        "idle_poll_s": poll_s}, ranks, name, storage_path)
 
 
 class WarmFailure(Exception):

@@ -1,0 +1,125 @@
+"""One sweep's live search state, and its memory bounds.
+
+Tune copies and pickles the searcher, the stopper and the callback (`tuner.pkl`, its experiment
+state), so they cannot hold references to what they share. The sweep's controller owns one
+`SearchState` and makes it the *current* one while the sweep runs (`running`, a context variable, as a
+Ray Train run's context is); every copy reads it through `current()`.
+
+**Monotone skipping.** Once batch b ran out of memory with some memory settings (`oom_key`: precision,
+compile, the trainable's own params, the worker count), no batch >= b is run with them. After a memory
+probe (`sweeps.service.probe`), settings it did not measure are bounded by the smallest batch it saw fail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+from sweeps.search.plan import SizeRuns
+from sweeps.spec import PARAMS_PREFIX
+
+
+def oom_key(knobs: dict[str, Any]) -> tuple[Any, ...]:
+    """What, besides the batch size, decides whether a trial fits in memory: precision, compile,
+    the trainable's own params in the space (a wider model runs out of memory at a smaller batch)
+    and the number of ranks (per-rank memory changes little with it, but DDP's buckets and the
+    collectives' buffers do: not assumed). Not grad_accum_steps: a micro-batch's activations are the
+    same whether gradients accumulate."""
+    own = tuple(sorted((k, str(v)) for k, v in knobs.items() if k.startswith(PARAMS_PREFIX)))
+    workers = knobs.get("num_workers")
+    return str(knobs["precision"]), bool(knobs["compile"]), own, int(workers) if workers is not None else None
+
+
+def oom_label(knobs: dict[str, Any]) -> str:
+    """The memory settings of `knobs` (its `oom_key`) as a message names them."""
+    precision, compiled, own, workers = oom_key(knobs)
+    return ", ".join([f"precision={precision}", f"compile={compiled}", *(f"{k}={v}" for k, v in own),
+                      *([f"num_workers={workers}"] if workers is not None else [])])
+
+
+@dataclass
+class SearchState:
+    """What one sweep's searcher, stopper and callback share (see the module doc)."""
+
+    tripped: str = ""  # why the circuit breaker stopped the sweep
+    oom_bounds: dict[tuple[Any, ...], int] = field(default_factory=dict)  # oom_key -> smallest batch a trial ran out at
+    probed: set[tuple[Any, ...]] = field(default_factory=set)  # oom_keys whose frontier the memory probe measured
+    probe_oom: dict[tuple[Any, ...], int] = field(default_factory=dict)  # oom_key -> smallest batch the probe saw fail
+    failures: dict[str, str] = field(default_factory=dict)  # errored trial id -> failure kind
+    grid_left: list[dict[str, Any]] = field(default_factory=list)  # grid points the searcher has yet to hand out
+    grid_skipped: list[dict[str, Any]] = field(default_factory=list)  # grid points it skipped (out of memory bounds)
+    exhausted: str = ""  # why the search handed out no more trials: every configuration of the space has run
+    replicate_of: dict[str, str] = field(default_factory=dict)  # a replicate's trial id -> the first trial of its configuration
+    runs: SizeRuns | None = None  # the worker count's runs (sweeps.search.plan): what the ETA prices restarts by
+    space_left: int | None = None  # configurations not yet handed out, where the search stops when none is left
+
+    def record_oom(self, knobs: dict[str, Any]) -> None:
+        """A trial ran out of memory: no batch this large or larger is run with the same memory settings."""
+        key = oom_key(knobs)
+        self.oom_bounds[key] = min(self.oom_bounds.get(key, int(knobs["batch_size"])), int(knobs["batch_size"]))
+
+    def record_probe(self, knobs: dict[str, Any], oom_batch: int | None, measured: bool = True) -> None:
+        """What the memory probe learnt about the memory settings of `knobs`: `oom_batch`, the smallest
+        batch it saw run out of memory (None: every batch it tried fit); `measured`, whether it found their
+        frontier (False when another failure stopped it, so they count as not measured)."""
+        key = oom_key(knobs)
+        if measured:
+            self.probed.add(key)
+        if oom_batch is not None:
+            self.probe_oom[key] = min(self.probe_oom.get(key, oom_batch), oom_batch)
+
+    def _bounds(self, knobs: dict[str, Any]) -> tuple[int | None, int | None]:
+        """(what ran out with these very settings, the probe's smallest failure if it did not measure them)."""
+        key = oom_key(knobs)
+        own = [b for b in (self.oom_bounds.get(key), self.probe_oom.get(key)) if b is not None]
+        # Unmeasured settings may need more memory than any the probe measured: none of its failing
+        # batches is trusted to fit there.
+        unmeasured = min(self.probe_oom.values()) if self.probe_oom and key not in self.probed else None
+        return min(own, default=None), unmeasured
+
+    def oom_excluded(self, knobs: dict[str, Any]) -> int | None:
+        """The batch size that bounds `knobs` if its batch is at or above it: what already ran out of memory
+        with the same settings (`oom_key`), or, for settings the memory probe did not measure, the smallest
+        batch the probe saw run out of memory with any settings."""
+        bound = min((b for b in self._bounds(knobs) if b is not None), default=None)
+        return bound if bound is not None and int(knobs["batch_size"]) >= bound else None
+
+    def grid_skips(self, fixed: dict[str, Any]) -> list[dict[str, Any]]:
+        """The knobs (`fixed` and the point) of each grid point that will never run: those the searcher
+        skipped, and those still to hand out that what ran out of memory since rules out. Empty outside grid
+        mode."""
+        left = ({**fixed, **p} for p in self.grid_left)
+        return [{**fixed, **p} for p in self.grid_skipped] + [k for k in left if self.oom_excluded(k) is not None]
+
+    def oom_skip_reason(self, knobs: dict[str, Any]) -> str:
+        """Why `oom_excluded` rules `knobs` out, for the log."""
+        same, unmeasured = self._bounds(knobs)
+        if same is not None and int(knobs["batch_size"]) >= same:
+            return f"batch_size={same} already ran out of memory with {oom_label(knobs)}"
+        return (f"the memory probe saw batch_size={unmeasured} run out of memory and did not measure "
+                f"{oom_label(knobs)}")
+
+
+_CURRENT: ContextVar[SearchState | None] = ContextVar("sweeps_search_state", default=None)
+
+
+def current() -> SearchState:
+    """The search state of the sweep running in this context."""
+    state = _CURRENT.get()
+    if state is None:
+        raise RuntimeError("no sweep is running here: the searcher, stopper and callback run inside "
+                           "sweeps.search.state.running(state)")
+    return state
+
+
+@contextlib.contextmanager
+def running(state: SearchState) -> Iterator[SearchState]:
+    """Make `state` the current search state while inside."""
+    token = _CURRENT.set(state)
+    try:
+        yield state
+    finally:
+        _CURRENT.reset(token)

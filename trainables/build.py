@@ -1,0 +1,168 @@
+"""A trial's build, on each rank: the workload and its model, DDP (and compile) around it, the precision,
+the optimizer and the instruments, grouped as what trains (`ModelBundle`), what measures (`Instruments`)
+and what the build cost (`BuildFacts`)."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+
+from trainables import contract, registry
+from trainables.batches import default_counter, move_to_device, xy_step
+from trainables.contract import TrialConfig
+from trainables.errors import WorkloadError
+from trainables.flop_count import flops_per_item
+from trainables.flops import cluster_peak
+from trainables.instruments import Instruments
+from trainables.noise_scale import CommTimer, HookState, NoiseScale, ddp_hook
+from trainables.precision import Precision, resolve_precision
+from trainables.telemetry import Telemetry
+from trainables.window import world
+from trainables.workloads.base import BuildContext, Workload, prepared
+
+
+@dataclass
+class ModelBundle:
+    """What trains. `model` is the bare module (clipping, state_dict, validation, FLOP counting), `ddp` the
+    DDP wrapper (no_sync, the comm hook), `forward_model` what the training forward calls (the compiled DDP
+    model when compiling)."""
+
+    wl: Workload
+    model: nn.Module
+    ddp: DistributedDataParallel | None
+    forward_model: nn.Module
+    step_fn: Callable[[nn.Module, Any], Any]
+    count: Callable[[Any], int]
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler | None
+    channels_last: bool
+    params: list[nn.Parameter]  # the trainable parameters (the noise scale's gradient norms)
+    flops: tuple[float | None, str]  # training FLOPs per item, and "declared" or "counted"
+
+
+@dataclass
+class BuildFacts:
+    tags: dict[str, str]  # the precision's matmul flags, as the final report says them
+    build_s: float = 0.0  # this rank's build: workload and its data, model to device, FLOPs, DDP, optimizer
+    data_prep_s: float = 0.0  # of which making data files once per node (`ensure_cached`): no later trial repeats it
+    data_cached: int = 0  # `ensure_cached` calls in the build: 0 where the workload keeps its data some other way
+
+
+@dataclass
+class Built:
+    """One rank's trial, built: its config and place, what trains, what measures, what the build cost."""
+
+    cfg: TrialConfig
+    device: torch.device
+    rank: int
+    world: int
+    prec: Precision
+    pin: bool
+    m: ModelBundle
+    inst: Instruments
+    facts: BuildFacts
+
+
+def build(cfg: TrialConfig, device: torch.device) -> Built:
+    """Everything a trial trains with, on this rank: its workload, model, DDP, compile, precision, optimizer
+    and instruments (every rank calls it; rank 0 counts the FLOPs)."""
+    t0, (prep0, calls0) = time.perf_counter(), prepared()
+    rank, world_size = world()
+    if cfg.num_workers and cfg.num_workers != world_size:  # the service routes each trial to a group of its size
+        raise RuntimeError(f"this trial is for {cfg.num_workers} rank(s) but runs on {world_size}")
+    torch.set_num_threads(cfg.threads_per_worker)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    torch.manual_seed(cfg.seed)
+    prec = resolve_precision(cfg.precision, device, cfg.tf32_under_autocast)  # before any work: unsupported fails fast
+    tags = prec.apply_matmul_flags()
+    if cfg.tf32_under_autocast and device.type != "cuda" and rank == 0:
+        warnings.warn("tf32_under_autocast has no effect without CUDA (a CPU has no TF32)", stacklevel=3)
+    wl = registry.build(cfg.workload, cfg.workload_params, BuildContext(cfg.data_dir, cfg.seed, rank, world_size))
+    model = wl.model.to(device)
+    channels_last = device.type == "cuda" and wl.channels_last
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    step_fn = wl.step_fn or xy_step(wl.loss_fn)  # type: ignore[arg-type]  # check() ensured one of them
+    count = wl.count_items or default_counter(wl.items_per_sample)
+    flops: tuple[float | None, str] = (wl.flops_per_item, "declared")
+    if flops[0] is None and rank == 0 and not cfg.probe:  # rank 0 reports; before DDP sees a backward
+        flops = (count_flops(wl, model, cfg, device, step_fn, count), "counted")
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) \
+        if world_size > 1 else None
+    # Compile the DDP-wrapped model (PyTorch's guidance): DDP's optimizer splits the graph at its
+    # buckets, so the gradient all-reduce still overlaps backward.
+    forward_model: nn.Module = ddp if ddp is not None else model
+    if cfg.compile:
+        forward_model = torch.compile(forward_model)  # type: ignore[assignment]
+    # Gradient noise scale: DDP ranks read it in the all-reduce hook; one rank from its micro-batches.
+    # The same hook times the all-reduce wait backward did not hide (DDP takes one hook).
+    noise: NoiseScale | None = None
+    if cfg.grad_noise_scale and not cfg.probe and (ddp is not None or cfg.grad_accum_steps > 1):
+        noise = NoiseScale(device)
+    comm = CommTimer(device) if ddp is not None and not cfg.probe else None
+    if ddp is not None and (noise is not None or comm is not None):
+        ddp.register_comm_hook(HookState(world_size, noise, comm), ddp_hook)
+    pin = cfg.pin_memory and device.type == "cuda"
+    if cfg.pin_memory and not pin and rank == 0:
+        warnings.warn("pin_memory=True has no effect without CUDA; running unpinned", stacklevel=3)
+    telemetry = Telemetry(device, cfg.telemetry_period_s) if cfg.telemetry_period_s > 0 else None
+    optimizer = make_optimizer(wl, model, cfg, device)
+    prep_s, calls = prepared()
+    bundle = ModelBundle(wl, model, ddp, forward_model, step_fn, count, optimizer, prec.make_scaler(), channels_last,
+                         [p for p in model.parameters() if p.requires_grad], flops)
+    facts = BuildFacts(tags, build_s=time.perf_counter() - t0, data_prep_s=prep_s - prep0, data_cached=calls - calls0)
+    return Built(cfg, device, rank, world_size, prec, pin, bundle, Instruments(telemetry, noise, comm), facts)
+
+
+def gpu_layout(device: torch.device, precision: str, world: int) -> tuple[float | None, dict[str, str]]:
+    """Every rank's GPU model and UUID (all ranks call this): the trial's summed peak FLOP/s and tags."""
+    if device.type != "cuda":
+        return None, {}
+    mine = (torch.cuda.get_device_name(device), str(getattr(torch.cuda.get_device_properties(device), "uuid", device)))
+    devices: list[Any] = [mine]
+    if world > 1:
+        devices = [None] * world
+        torch.distributed.all_gather_object(devices, mine)
+    return cluster_peak([tuple(d) for d in devices], precision)
+
+
+def count_flops(wl: Workload, model: nn.Module, cfg: TrialConfig, device: torch.device,
+                 step: Callable[[nn.Module, Any], Any], count: Callable[[Any], int]) -> float | None:
+    """Training FLOPs per item of a workload that does not declare them: counted once by
+    `torch.utils.flop_counter` on one validation batch, on the bare model before DDP wraps it."""
+    loader = DataLoader(wl.val_dataset, batch_size=cfg.batch_size, collate_fn=wl.collate_fn)
+    batch = next(iter(loader), None)
+    if batch is None:
+        return None
+    return flops_per_item(model, step, move_to_device(batch, device), count)
+
+
+def flops_metrics(final: dict[str, Any], wl: Workload, peak: float | None, per_item: float | None) -> dict[str, float]:
+    """Achieved TFLOP/s where the FLOPs per item are known (declared or counted); MFU where every
+    rank's peak is known too."""
+    if per_item is None:
+        return {}
+    achieved = final[contract.throughput_key(wl.unit)] * per_item
+    out = {contract.TFLOPS: achieved / 1e12}
+    if peak is not None:
+        out[contract.MFU_PCT] = 100.0 * achieved / peak
+    return out
+
+
+def make_optimizer(wl: Workload, model: nn.Module, cfg: TrialConfig, device: torch.device) -> torch.optim.Optimizer:
+    if wl.optimizer_fn is None:
+        return torch.optim.AdamW(model.parameters(), lr=cfg.lr, fused=device.type == "cuda")
+    optimizer = wl.optimizer_fn(model, cfg.lr)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise WorkloadError(f"optimizer_fn returned {type(optimizer).__name__}, not a torch.optim.Optimizer: build "
+                            "one over model's parameters with the lr it is given")
+    return optimizer
