@@ -5,8 +5,9 @@ PY := $(VENV)/bin/python
 # torch first: a bare `torch` requirement can pull GBs of CUDA wheels. Override for GPU boxes.
 TORCH_SPEC ?= torch==2.13.0
 UI_PORT ?= 5000
+DOCS_PORT ?= 8000
 
-.PHONY: install install-dev browser demo test test-fast lint ui bench clean gpu-acceptance
+.PHONY: install install-dev browser demo test test-fast lint docs docs-serve ui bench clean gpu-acceptance
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,7 +36,7 @@ browser:
 	  { $$SUDO apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium >/dev/null 2>&1; } || \
 	  echo "WARNING: could not install chromium; the MLflow UI browser test will skip"; }
 
-test: install-dev browser
+test: install-dev browser docs
 	$(PY) -m pytest -q -rs --durations=30 -n 2 --dist loadgroup
 
 # Every test that needs no Ray cluster (unit tests, the loop in one process and under torchrun): ~2 min here.
@@ -46,11 +47,20 @@ lint: install-dev
 	$(VENV)/bin/ruff check sweeps trainables tests benchmarks
 	$(VENV)/bin/mypy sweeps trainables
 
+# The documentation site from docs/ (MkDocs + Material, offline) into site/: fails when a reference page is
+# stale (regenerate them with `$(PY) -m sweeps.ops.docs`), a link is broken or a page is missing from the nav.
+docs: install-dev
+	$(PY) -m sweeps.ops.docs --check
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+docs-serve: docs
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:$(DOCS_PORT)
+
 ui: install
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port $(UI_PORT)
 
 clean:
-	rm -rf mlflow.db mlartifacts ray_results .cache
+	rm -rf mlflow.db mlartifacts ray_results .cache site
 
 # The CPU benchmark set; results append to benchmarks/results.jsonl. docs/benchmarks.md quotes fuller
 # runs, each with its command and the results.jsonl row it came from.

@@ -189,13 +189,14 @@ def _wait_head(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line (the documentation's CLI page is generated from it)."""
     parser = argparse.ArgumentParser(prog="sweeps", description="Find the fastest correct way to train a model.")
     parser.add_argument("--debug", action="store_true", help="print the traceback of a failure (otherwise one line "
                         "says the cause and the fix)")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("validate", help="check a sweep spec (needs neither Ray nor a GPU)")
-    p.add_argument("spec")
+    p.add_argument("spec", help="the sweep spec, a YAML file (the spec reference lists its keys)")
     p.add_argument("--here", action="store_true", help="also check that its largest trial fits this machine "
                    "(its CPUs and NVIDIA GPUs), as a local `sweeps run` would")
     p.add_argument("--cpus", type=float, default=None, help="also check that its largest trial fits a cluster "
@@ -203,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus", type=float, default=None, help="... and this many GPUs (default 0)")
     p.set_defaults(func=_validate)
     p = sub.add_parser("run", help="run a sweep on the Ray cluster ray.init() finds, or a local one")
-    p.add_argument("spec")
+    p.add_argument("spec", help="the sweep spec, a YAML file")
     p.add_argument("--restart", action="store_true",
                    help="start afresh even if this sweep already ran: its Ray Tune folder is moved aside "
                         "(by default a sweep of the same name and spec is resumed)")
@@ -214,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=_run)
     p = sub.add_parser("report", help="a finished (or running) sweep's trials, best config, verdicts, figures")
     p.add_argument("sweep", help="sweep name (latest parent run of that name) or parent run id")
-    p.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"))
+    p.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"),
+                   help="the MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("--out", help="also write the figures and summary.html into this folder")
     p.set_defaults(func=_report)
@@ -229,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
                         "write the evidence file next to --json (on a CPU node: the CPU subset)")
     p.add_argument("--address", default=None, help="a Ray cluster (or 'auto' inside ray job submit): one check per node")
     p.add_argument("--json", default="doctor.json", help="write the report here (default: doctor.json)")
-    p.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"))
+    p.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"),
+                   help="the MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
     p.add_argument("--storage-path", default="ray_results", help="where sweeps keep their state: its free disk is checked")
     p.add_argument("--no-mlflow", action="store_true", help="do not log the figures to MLflow")
     p.set_defaults(func=_doctor)
@@ -240,7 +243,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="the head's dashboard, as for `ray job submit` (default: $RAY_ADDRESS, else http://127.0.0.1:8265)")
     p.add_argument("--timeout-s", type=float, default=60.0, help="give up after this long (default: 60)")
     p.set_defaults(func=_wait_head)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return int(_guarded(args))
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainables.knobs import KNOBS, LR_SCHEDULES, PRECISIONS, LoopKnobs  # noqa: F401 - the vocabulary, re-exported
+from trainables.metrics import METRICS, UNITS
 
 POOL_CLOSED = "closed"  # what a warm pool's queue hands a group when the sweep is over
 POOL_RESIZE = "resize"  # ... when the trials waiting need another number of ranks: the group ends, one of that size follows
@@ -104,7 +105,9 @@ def target_problem(metric: str | None, at_most: float | None, at_least: float | 
 
 def energy_key(unit: str) -> str:
     return f"energy/per_1k_{unit}_j"
-THROUGHPUT_UNITS: tuple[str, ...] = ("samples", "tokens")
+
+
+THROUGHPUT_UNITS: tuple[str, ...] = UNITS
 
 
 def throughput_key(unit: str) -> str:
@@ -133,33 +136,18 @@ def seen_key(unit: str) -> str:
     return f"progress/{unit}_seen"
 
 
-# Every metric the loop can report; a spec's objective must name one of these (not time/elapsed_s:
-# only interim reports carry it, so no trial could be ranked by it).
-KNOWN_METRICS: tuple[str, ...] = tuple(
-    [throughput_key(u) for u in THROUGHPUT_UNITS]
-    + [per_worker_throughput_key(u) for u in THROUGHPUT_UNITS]
-    + [throughput_cv_key(u) for u in THROUGHPUT_UNITS]
-    + [energy_key(u) for u in THROUGHPUT_UNITS]
-    + [LOSS_TRAIN, LOSS_VAL, STEP_TIME_MS, DATA_WAIT_PCT, ALLREDUCE_WAIT_PCT, SCALING_EFFICIENCY_PCT, TFLOPS, MFU_PCT,
-       GPU_UTIL_MEAN_PCT, GPU_MEM_PEAK_GIB,
-       GPU_POWER_MEAN_W, H2D_COPY_PCT, H2D_GB_PER_S, CPU_WORKER_PCT, CPU_LOADERS_PCT, CPU_CORES_USED, MEM_HEADROOM_GIB, LOOP_S,
-       WARMUP_S, WARMUP_STEPS_S, BUILD_S, DATA_PREP_S, WINDOW_S, REPORT_WAIT_S,
-       GRAD_NOISE_SCALE, TIME_TO_TARGET_S, STEPS_TO_TARGET, TARGET_BEST, EVAL_TOTAL_S, EVALS,
-       PREDICT_TIME_TO_TARGET_S, PREDICT_ERROR_PCT, QUALITY_GAP_PCT]
-    + [seen_key(u) for u in THROUGHPUT_UNITS]
-)
+# Every metric a spec may name, from the one table (`trainables.metrics`); not time/elapsed_s: only
+# interim reports carry it, so no trial could be ranked by it.
+KNOWN_METRICS: tuple[str, ...] = tuple(k for m in METRICS if m.nameable for k in m.keys())
 # Metrics the sweep computes after its trials end (from several trials): never in a trial's own report.
-SWEEP_LEVEL_METRICS: tuple[str, ...] = (PREDICT_TIME_TO_TARGET_S, PREDICT_ERROR_PCT, QUALITY_GAP_PCT,
-                                        SCALING_EFFICIENCY_PCT)
+SWEEP_LEVEL_METRICS: tuple[str, ...] = tuple(k for m in METRICS if m.sweep_level for k in m.keys())
+_FINAL_ONLY = frozenset(k for m in METRICS if m.final_only for k in m.keys())
 
 
 def is_final_only(key: str) -> bool:
     """A metric only the final report carries (it needs validation or the whole window); with
     `report_evals`, loss/val and eval/* are also in the report after each measured evaluation."""
-    return key in (LOSS_VAL, TFLOPS, MFU_PCT, LOOP_S, WARMUP_S, WARMUP_STEPS_S, BUILD_S, DATA_PREP_S,
-                   WINDOW_S, REPORT_WAIT_S, TIME_TO_TARGET_S, STEPS_TO_TARGET,
-                   TARGET_BEST, EVAL_TOTAL_S, EVALS, *SWEEP_LEVEL_METRICS,
-                   *[throughput_cv_key(u) for u in THROUGHPUT_UNITS]) or key.startswith(EVAL_PREFIX)
+    return key in _FINAL_ONLY or key.startswith(EVAL_PREFIX)
 
 
 def is_known_metric(key: str) -> bool:

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from trainables.metrics import METRICS
+
 
 class StepTimer:
     """Times the measured window only; `synchronize()` brackets it on CUDA, nowhere else.
@@ -86,14 +88,7 @@ class StepTimer:
 # --- per-trial telemetry: sampler + memory + copy time, combined over ranks -------------
 
 # How a rank's summary value combines over ranks.
-_COMBINE: dict[str, str] = {
-    "gpu/util_mean_pct": "mean", "gpu/util_p10_pct": "mean", "gpu/mem_peak_gib": "max",
-    "gpu/power_mean_w": "mean", "gpu/temp_max_c": "max", "gpu/sm_clock_mean_mhz": "mean",
-    "gpu/sm_active_mean_pct": "mean", "gpu/tensor_active_mean_pct": "mean", "energy/total_j": "sum",
-    "cpu/worker_util_mean_pct": "mean", "cpu/loader_util_mean_pct": "mean",
-    "memory/max_allocated_gib": "max", "memory/max_reserved_gib": "max", "memory/headroom_gib": "min",
-    "memory/total_gib": "min", "time/h2d_copy_pct": "mean",
-}
+_COMBINE: dict[str, str] = {m.key: m.ranks for m in METRICS if m.ranks}  # declared in trainables.metrics
 
 
 def combine_ranks(summaries: list[dict[str, Any]]) -> dict[str, Any]:

@@ -23,6 +23,16 @@ REPLICATE_TAG = "sweep.replicate_of"  # on a replicate's MLflow run: the number 
 MEASURED = ("ok", "infeasible")  # ran to its final report: its figures are real (infeasible breaks a constraint)
 NOT_FAILED = (*MEASURED, "pruned", "stopped")  # ended early on purpose; nothing went wrong
 UNFINISHED = ("running", "interrupted")  # a resumed sweep runs these (again)
+# What a trial's status says when it did not fail (a failure's kinds: sweeps.service.failures.KIND_MEANING).
+STATUS_MEANING: dict[str, str] = {
+    "ok": "ran to its final report; its figures rank it",
+    "infeasible": "ran to its final report but breaks a constraint (or missed the target): measured, not ranked",
+    "pruned": "stopped by ASHA (`search.early_stopping`): behind the others at the same point",
+    "stopped": "ended early on purpose: the breaker tripped, or the sweep's time budget ran out",
+    "interrupted": "the sweep stopped (a signal, a full disk) while it ran: a resumed sweep runs it again",
+    "lost": "the sweep driver died before Ray Tune recorded it; another trial ran in its place",
+    "running": "still running (a report on a sweep in progress)",
+}
 
 
 @dataclass

@@ -15,7 +15,20 @@ from collections.abc import Iterator
 from sweeps.results.outcome import at_word
 from trainables.errors import DivergedError, UnsupportedError, WorkloadError
 
-KINDS: tuple[str, ...] = ("unsupported", "oom", "diverged", "disk_full", "config", "dataloader", "crash", "error")
+# Each kind, what it means and what follows (the documentation's exit-codes page is generated from this).
+KIND_MEANING: dict[str, str] = {
+    "unsupported": "the hardware cannot run the configuration (e.g. bf16 or fp16 where the device has no support); "
+                   "not retried",
+    "oom": "device or host memory ran out; the larger batches that would follow at the same settings are pruned",
+    "diverged": "the loss became NaN or inf (a learning rate too high for the batch, fp16 without enough range)",
+    "disk_full": "the disk is full (ENOSPC or quota): the sweep halts, keeping this trial to run again on resume",
+    "config": "the workload refused its params, or a finished trial lacks a metric the objective names",
+    "dataloader": "a dataloader worker died or hung (often too little shared memory)",
+    "crash": "a worker process or its node went away: retried in place (`budget.max_retries` times), from its last "
+             "checkpoint",
+    "error": "anything else: the rank that raised it, its type and its whole message are in `sweep.failure_reason`",
+}
+KINDS: tuple[str, ...] = tuple(KIND_MEANING)
 _LOADER_HINT = (" — a dataloader worker died or hung: give the container more shared memory (docker --shm-size, "
                 "/dev/shm), lower num_dataloader_workers or prefetch_factor, or check the dataset's __getitem__")
 # Every form an out-of-memory failure takes, matched against "<type name>: <whole message>" (NCCL puts the

@@ -31,9 +31,9 @@ class ConstraintSpec(BaseModel):
     """A bound a trial must meet to count (e.g. `loss/val` <= 2.5); the search learns where it fails."""
 
     model_config = STRICT
-    metric: str
-    max: float | None = Field(default=None, allow_inf_nan=False)
-    min: float | None = Field(default=None, allow_inf_nan=False)
+    metric: str = Field(description="a metric the trials report (the metrics reference), or `eval/<name>`")
+    max: float | None = Field(default=None, allow_inf_nan=False, description="the metric must be at most this")
+    min: float | None = Field(default=None, allow_inf_nan=False, description="the metric must be at least this")
 
     @field_validator("metric")
     @classmethod
@@ -77,9 +77,11 @@ class ObjectiveSpec(BaseModel):
     """One metric and mode, or lists of them (multi-objective: the result is a Pareto front)."""
 
     model_config = STRICT
-    metric: str | list[str] = "throughput/samples_per_s"
-    mode: Mode | list[Mode] = "max"
-    constraints: list[ConstraintSpec] = Field(default_factory=list)
+    metric: str | list[str] = Field(default="throughput/samples_per_s", description="the metric trials are ranked by, "
+                                    "or a list of them (a Pareto front); without one, the workload's own throughput")
+    mode: Mode | list[Mode] = Field(default="max", description="max or min, or a list of them, one per metric")
+    constraints: list[ConstraintSpec] = Field(default_factory=list, description="bounds a trial must meet to count, "
+                                              "e.g. {metric: loss/val, max: 2.5}: the search learns where they fail")
     target: TargetSpec | None = Field(default=None, description="time to quality: every trial evaluates every "
                                       "budget.eval_every_steps and stops when this is met; objective time/to_target_s")
 

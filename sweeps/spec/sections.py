@@ -17,8 +17,10 @@ from trainables.contract import items_problem, window_problem
 
 class TrainableSpec(BaseModel):
     model_config = STRICT
-    name: str
-    params: dict[str, Any] = {}
+    name: str = Field(description="a registered workload (`image-cnn`, `gpt-lm`, `mlp-tabular`) or "
+                      "`package.module:function` returning a `trainables.Workload`")
+    params: dict[str, Any] = Field(default_factory=dict, description="the trainable's own params, the same for every "
+                                   "trial (search one as `space.params.<name>` instead)")
 
     @field_validator("name")
     @classmethod
@@ -46,7 +48,8 @@ class EarlyStoppingSpec(BaseModel):
     grace_s: float | None = Field(default=None, gt=0, description="with objective.target: seconds of training "
                                   "(evaluations counted) before a trial may be stopped; trials are compared on the "
                                   "target metric at equal training time")
-    reduction_factor: int = Field(default=3, ge=2)
+    reduction_factor: int = Field(default=3, ge=2, description="at each rung ASHA keeps the best 1/reduction_factor of "
+                                  "the trials")
 
     @model_validator(mode="after")
     def _one_grace(self) -> EarlyStoppingSpec:
@@ -60,7 +63,9 @@ class SearchSpec(BaseModel):
     model_config = STRICT
     algorithm: Literal["tpe", "random", "grid"] = Field(
         default="tpe", description="tpe: Optuna TPE (constraint-aware); random; grid: every combination once")
-    early_stopping: EarlyStoppingSpec | None = None
+    early_stopping: EarlyStoppingSpec | None = Field(default=None, description="ASHA: at rungs grace x "
+                                                     "reduction_factor^k, stop all but the best trials (none: every "
+                                                     "trial runs its whole budget)")
     probe_batch_size: bool = Field(default=False, description="before the search, find the largest batch size "
                                    "that fits for every combination of precision, compile and categorical params "
                                    "(a few steps per candidate, binary search on the warm workers); a batch the "
@@ -79,8 +84,9 @@ class SearchSpec(BaseModel):
 
 class BudgetSpec(BaseModel):
     model_config = STRICT
-    num_trials: int = Field(ge=1, le=10_000)
-    max_concurrent_trials: int = Field(default=1, ge=1)
+    num_trials: int = Field(ge=1, le=10_000, description="trials to run (grid search: the grid's size)")
+    max_concurrent_trials: int = Field(default=1, ge=1, description="trials that run at once (each holds its ranks; "
+                                       "with warm groups, one group per trial at once)")
     num_steps: int | None = Field(default=None, ge=1, description="measured steps per trial, after warm-up (equal "
                                   "steps: right for throughput alone)")
     num_samples: int | None = Field(default=None, ge=1, description="equal data: every trial trains on this many "
@@ -88,7 +94,8 @@ class BudgetSpec(BaseModel):
     num_tokens: int | None = Field(default=None, ge=1, description="equal data for a token-counting trainable")
     eval_every_steps: int | None = Field(default=None, ge=1, description="evaluate on the validation set every this "
                                          "many optimizer steps (needed by objective.target)")
-    num_warmup_steps: int = Field(default=5, ge=0)
+    num_warmup_steps: int = Field(default=5, ge=0, description="untimed steps before the measured window: the build, "
+                                  "loader start-up and compilation fall there")
     min_window_s: float | None = Field(default=None, ge=0, description="with num_steps: each trial's measured window "
                                        "lasts at least this long, running more steps than num_steps if needed (the "
                                        "number run is logged as progress/steps); default 10 on GPU, 0 on CPU")
@@ -101,7 +108,8 @@ class BudgetSpec(BaseModel):
                                        "steps (after step 0, which builds, starts loaders and compiles) last this long, "
                                        "with fewer steps than num_warmup_steps if need be (never fewer than 2); "
                                        "default 10 on GPU, 3 on CPU")
-    report_interval_s: float = Field(default=10.0, gt=0)
+    report_interval_s: float = Field(default=10.0, gt=0, description="seconds between a trial's progress reports (a "
+                                     "warm trial stops at its next one)")
     max_retries: int = Field(default=1, ge=0, description="re-runs of a trial whose worker or node died "
                              "(transient); other failures are final")
     max_identical_failures: int = Field(default=3, ge=0, description="stop the sweep after this many trials "
@@ -155,7 +163,8 @@ class LrScalingSpec(BaseModel):
     global batch: linear (Goyal et al. 2017, SGD) or sqrt (Adam-family)."""
 
     model_config = STRICT
-    rule: Literal["linear", "sqrt", "none"]
+    rule: Literal["linear", "sqrt", "none"] = Field(description="linear (SGD: Goyal et al. 2017), sqrt (Adam-family) "
+                                                    "or none")
     reference_batch_size: int = Field(ge=1, description="the global batch size (batch x accumulation x workers) "
                                       "the searched lr is meant for")
 
@@ -175,10 +184,11 @@ class QualitySpec(BaseModel):
 
 class ScalingSpec(BaseModel):
     model_config = STRICT
-    num_workers: int = Field(default=2, ge=1)
-    use_gpu: bool = False
-    cpus_per_worker: int = Field(default=1, ge=1)
-    gpus_per_worker: float = Field(default=0.0, ge=0)
+    num_workers: int = Field(default=2, ge=1, description="ranks per trial (one GPU each with use_gpu); search it as "
+                             "space.num_workers instead")
+    use_gpu: bool = Field(default=False, description="train on GPUs over NCCL, one per rank (else CPUs over gloo)")
+    cpus_per_worker: int = Field(default=1, ge=1, description="CPU cores each rank reserves (its torch threads)")
+    gpus_per_worker: float = Field(default=0.0, ge=0, description="GPUs per rank: 1 with use_gpu (set for you)")
     accelerator_type: str | None = Field(default=None, description="Ray's accelerator label (e.g. H100, A100): "
                                          "every rank of every trial lands on this GPU type")
     cpus_per_loader_worker: float = Field(default=1.0, ge=0, description="CPUs reserved for each dataloader "

@@ -32,22 +32,29 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # matched whole (fullmat
 
 class SweepSpec(BaseModel):
     model_config = STRICT
-    name: str
-    description: str = ""
-    trainable: TrainableSpec
+    name: str = Field(description="the sweep's name: 1-64 letters, digits, `.`, `_` or `-`, starting with a letter or "
+                      "digit; it names the sweep's folder under storage_path and its MLflow parent run")
+    description: str = Field(default="", description="shown as the MLflow parent run's description, under the answer")
+    trainable: TrainableSpec = Field(description="what each trial trains: a registered workload or your own build "
+                                     "function")
     # default_factory: pydantic shares a default model instance between specs
-    space: SpaceSpec = Field(default_factory=lambda: SpaceSpec())
-    objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
-    search: SearchSpec = Field(default_factory=SearchSpec)
-    budget: BudgetSpec
-    scaling: ScalingSpec = Field(default_factory=ScalingSpec)
-    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
-    telemetry: TelemetrySpec = Field(default_factory=TelemetrySpec)
-    lr_scaling: LrScalingSpec | None = None
-    quality: QualitySpec = Field(default_factory=QualitySpec)
-    storage_path: str = "ray_results"
-    data_dir: str = ".cache/datasets"
-    seed: int = 0
+    space: SpaceSpec = Field(default_factory=lambda: SpaceSpec(), description="the knobs each trial runs with, each "
+                             "fixed or searched (the table below)")
+    objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec, description="what trials are ranked by")
+    search: SearchSpec = Field(default_factory=SearchSpec, description="how the next configuration is chosen")
+    budget: BudgetSpec = Field(description="how many trials, and how long each one trains")
+    scaling: ScalingSpec = Field(default_factory=ScalingSpec, description="what each trial runs on")
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="where MLflow records the sweep")
+    telemetry: TelemetrySpec = Field(default_factory=TelemetrySpec, description="what is sampled while trials train")
+    lr_scaling: LrScalingSpec | None = Field(default=None, description="scale the searched lr with each trial's global "
+                                            "batch size (none: every trial runs the searched lr)")
+    quality: QualitySpec = Field(default_factory=QualitySpec, description="the convergence guardrail at equal data")
+    storage_path: str = Field(default="ray_results", description="where the sweep keeps its state (sweep.json, Tune's "
+                              "experiment, trial checkpoints) and its lock; relative: to the working directory, or "
+                              "inside a `ray job submit --working-dir` job to $SWEEPS_HOME (default ~/sweeps)")
+    data_dir: str = Field(default=".cache/datasets", description="where workloads write their data files (relative: to "
+                          "each rank's working directory, which is the sweep's)")
+    seed: int = Field(default=0, description="the sampler's seed, and every trial's model initialisation and data order")
 
     @model_validator(mode="before")
     @classmethod

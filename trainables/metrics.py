@@ -1,0 +1,127 @@
+"""Every metric a trial or a sweep logs, declared once: its key, unit, how it is measured, when it is
+absent, which report carries it, how ranks combine it and whether a spec may name it. The contract's
+vocabulary (`KNOWN_METRICS`, `is_final_only`, `SWEEP_LEVEL_METRICS`), the telemetry's rank combination
+and the documentation's metrics page (`python -m sweeps.ops.docs`) are read from this table.
+
+A key holding `<unit>` stands for one key per counting unit (`samples`, `tokens`). Torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+UNITS: tuple[str, ...] = ("samples", "tokens")
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str
+    unit: str
+    measured: str
+    absent: str = ""  # when it is not logged (never a made-up 0)
+    final_only: bool = False  # only the trial's final report carries it
+    sweep_level: bool = False  # the sweep adds it after its trials (from several trials)
+    nameable: bool = True  # a spec's objective or constraint may name it
+    ranks: str = ""  # how a per-rank telemetry value combines over ranks: mean, max, min, sum ("" : not telemetry)
+
+    def keys(self) -> tuple[str, ...]:
+        return tuple(self.key.replace("<unit>", u) for u in UNITS) if "<unit>" in self.key else (self.key,)
+
+
+_NO_GPU = "no NVIDIA GPU (NVML) on a rank"
+_NO_DDP = "one rank"
+_NO_TARGET = "no `objective.target`, or the target was missed"
+
+METRICS: tuple[Metric, ...] = (
+    Metric("throughput/<unit>_per_s", "items/s", "items counted by `count_items` on all ranks / wall time of the "
+           "slowest rank, over the report's window; the window's clock leaves out periodic evaluations and the "
+           "handing on of reports and checkpoints"),
+    Metric("throughput/<unit>_per_s_per_worker", "items/s", "the same / number of workers"),
+    Metric("throughput/<unit>_per_s_cv_pct", "%", "the throughput's spread over ~10 sub-windows of the measured "
+           "window, stdev/mean", "fewer than 2 sub-windows", final_only=True),
+    Metric("loss/train", "loss", "mean training loss over the last reporting interval (all ranks)"),
+    Metric("loss/val", "loss", "held-out validation loss at the end, every validation sample counted once, "
+           "weighted by its counted items", "a probe trial", final_only=True),
+    Metric("time/step_ms", "ms", "mean optimizer-step time over the report's window"),
+    Metric("time/data_wait_pct", "%", "share of the window spent blocked waiting for the next batch (mean over ranks)"),
+    Metric("time/allreduce_wait_pct", "%", "share of the window each rank waited, after its backward, for the "
+           "gradient all-reduce to finish (the communication backward did not hide), mean over ranks", _NO_DDP),
+    Metric("time/h2d_copy_pct", "%", "host-to-device copy time (CUDA events, no host sync) as a share of the window",
+           "a CPU trial", ranks="mean"),
+    Metric("copy/h2d_gb_per_s", "GB/s", "host-to-device bytes per second of the window, mean per rank", "a CPU trial"),
+    Metric("perf/tflops_per_s", "TFLOP/s", "achieved training FLOP/s of all ranks",
+           "the workload does not know its FLOPs", final_only=True),
+    Metric("perf/mfu_pct", "%", "`perf/tflops_per_s` / the sum of each rank's own GPU peak at the trial's precision "
+           "(`trainables/flops.py`: H100, H200, A100, V100)", "a device outside the peak table (a CPU)",
+           final_only=True),
+    Metric("perf/scaling_efficiency_pct", "%", "throughput(N ranks) / (throughput(M) x N / M) against the twin "
+           "trial with the fewest ranks M < N", "no twin with fewer ranks", final_only=True, sweep_level=True),
+    Metric("progress/steps", "steps", "measured steps so far (at the end: the steps run)", nameable=False),
+    Metric("progress/world_size", "ranks", "number of ranks", nameable=False),
+    Metric("progress/<unit>_seen", "items", "items trained on, all ranks, warm-up included: what an equal-data "
+           "budget equalises"),
+    Metric("time/loop_total_s", "s", "the loop's own wall time: build, data, warm-up, measured steps, validation",
+           final_only=True),
+    Metric("time/warmup_s", "s", "the loop's time before the measured window: build, loader start-up, `compile`, "
+           "warm-up steps", final_only=True),
+    Metric("time/warmup_steps_s", "s", "of that, the timed warm-up steps (from step 1; max over ranks): what "
+           "`max_warmup_s` bounds", "under 2 warm-up steps", final_only=True),
+    Metric("time/build_s", "s", "the trial's build (workload and its data, model to the device, FLOP count, DDP, "
+           "optimizer), max over ranks", final_only=True),
+    Metric("time/data_prep_s", "s", "of the build, the data files written for the node by `ensure_cached` (or "
+           "waited for), max over ranks; 0 when found made", "a workload whose data does not go through it",
+           final_only=True),
+    Metric("time/window_s", "s", "the measured window's length (max over ranks; periodic evaluations and the "
+           "handing on of reports left out)", final_only=True),
+    Metric("time/report_wait_s", "s", "of the window's wall time, what handing its reports and checkpoints on took "
+           "(max over ranks): left out of `time/window_s`, counted by `max_window_s`", "no window",
+           final_only=True),
+    Metric("cpu/worker_util_mean_pct", "% of a core", "CPU use of each training process (psutil), mean over ranks",
+           ranks="mean"),
+    Metric("cpu/loader_util_mean_pct", "% of a core", "CPU use of each rank's dataloader workers, summed, mean "
+           "over ranks", "no loader workers", ranks="mean"),
+    Metric("cpu/cores_used", "cores", "cores busy for the whole trial (training processes and loader workers, all "
+           "ranks); the param `cpus_reserved` is what it had"),
+    Metric("gpu/util_mean_pct", "%", "NVML utilisation of each worker's own GPU (matched by UUID), mean", _NO_GPU,
+           ranks="mean"),
+    Metric("gpu/util_p10_pct", "%", "the same, 10th percentile", _NO_GPU, nameable=False, ranks="mean"),
+    Metric("gpu/mem_peak_gib", "GiB", "NVML memory used, peak", _NO_GPU, ranks="max"),
+    Metric("gpu/power_mean_w", "W", "NVML power, mean", _NO_GPU, ranks="mean"),
+    Metric("gpu/temp_max_c", "C", "NVML temperature, max", _NO_GPU, nameable=False, ranks="max"),
+    Metric("gpu/sm_clock_mean_mhz", "MHz", "NVML SM clock, mean", _NO_GPU, nameable=False, ranks="mean"),
+    Metric("gpu/sm_active_mean_pct", "%", "GPM SM activity", "a GPU without GPM (before Hopper)", nameable=False,
+           ranks="mean"),
+    Metric("gpu/tensor_active_mean_pct", "%", "GPM tensor-core activity", "a GPU without GPM (before Hopper)",
+           nameable=False, ranks="mean"),
+    Metric("energy/total_j", "J", "NVML energy counter delta over the window, all GPUs", _NO_GPU, nameable=False,
+           ranks="sum"),
+    Metric("energy/per_1k_<unit>_j", "J", "`energy/total_j` per 1000 items", _NO_GPU),
+    Metric("memory/max_allocated_gib", "GiB", "torch allocator's peak allocated", "a CPU trial", nameable=False,
+           ranks="max"),
+    Metric("memory/max_reserved_gib", "GiB", "torch allocator's peak reserved", "a CPU trial", nameable=False,
+           ranks="max"),
+    Metric("memory/headroom_gib", "GiB", "what is left of the device (host memory on a CPU), min over ranks",
+           ranks="min"),
+    Metric("memory/total_gib", "GiB", "the device's memory, min over ranks", nameable=False, ranks="min"),
+    Metric("stats/grad_noise_scale", "items", "gradient noise scale B_simple = tr(Sigma)/|G|^2 in the counted unit, "
+           "from each rank's gradient before and after DDP's all-reduce (one rank: its micro-batches), EMA-smoothed",
+           "one rank without accumulation"),
+    Metric("time/to_target_s", "s", "wall time (evaluations and warm-up included) until the evaluation that met "
+           "the target", _NO_TARGET, final_only=True),
+    Metric("progress/steps_to_target", "steps", "optimizer steps until the evaluation that met the target",
+           _NO_TARGET, final_only=True),
+    Metric("time/elapsed_s", "s", "with a target and early stopping: the same clock at each measured evaluation, "
+           "the curve ASHA compares trials on; not an objective", "no `report_evals`", nameable=False),
+    Metric("quality/target_best", "the target's", "best value of the target metric any evaluation reached",
+           "no `objective.target`", final_only=True),
+    Metric("progress/evals", "evaluations", "periodic evaluations run", final_only=True),
+    Metric("time/eval_total_s", "s", "time the periodic evaluations took (counted in `time/to_target_s`)",
+           final_only=True),
+    Metric("predict/time_to_target_s", "s", "the noise-scale model's estimate of the time to target",
+           "no target, or no noise scale", final_only=True, sweep_level=True),
+    Metric("predict/error_pct", "%", "predicted / measured time to target - 1", "no prediction or no measured time",
+           final_only=True, sweep_level=True),
+    Metric("quality/gap_pct", "%", "`loss/val` vs the sweep's fp32 reference at equal data; past "
+           "`quality.tolerance` the run is tagged `sweep.degraded`", "no fp32 reference at equal data",
+           final_only=True, sweep_level=True),
+)
