@@ -22,11 +22,13 @@ def _validate(args: argparse.Namespace) -> int:
     spec, _ = load_spec(args.spec)
     fits = ""
     if args.cpus is not None or args.gpus is not None or args.here:
-        from sweeps.service.resources import refuse_if_never_fits, this_machine
+        from sweeps.service.resources import refuse_if_never_fits, refuse_missing_types, this_machine, this_node
 
         have = this_machine() if args.here else {}
         have.update({k: float(v) for k, v in (("CPU", args.cpus), ("GPU", args.gpus)) if v is not None})
         refuse_if_never_fits(spec, have)
+        if args.here:  # the accelerator types its trials are pinned to must be this machine's
+            refuse_missing_types(spec, [this_node()])
         fits = f"; its largest trial fits {have.get('CPU', 0):g} CPUs and {have.get('GPU', 0):g} GPUs"
     searched = ", ".join(spec.space.searched()) or "nothing"
     print(f"{args.spec}: OK — sweep {spec.name!r}, {spec.budget.num_trials} trials of {spec.trainable.name}, searching {searched}{fits}")

@@ -15,7 +15,6 @@ BASE = "name: t\ntrainable: {name: mlp-tabular}\nbudget: {num_trials: 2, num_ste
 @pytest.mark.parametrize("scaling,expected", [
     ("{use_gpu: true, gpus_per_worker: 0.5}", "gpus_per_worker must be 1 with use_gpu (two or more ranks would share one GPU"),
     ("{use_gpu: true, gpus_per_worker: 2}", "gpus_per_worker must be 1 with use_gpu (the DDP loop drives one GPU per rank"),
-    ("{accelerator_type: H100}", "accelerator_type pins GPU workers to a GPU type; it needs use_gpu: true"),
 ])
 def test_layouts_ddp_cannot_run_or_would_misreport_are_refused(scaling: str, expected: str) -> None:
     with pytest.raises(SpecError) as info:

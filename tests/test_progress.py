@@ -114,7 +114,7 @@ def test_the_overhead_line_splits_probe_warm_up_and_the_services_own_cost() -> N
     assert "(warm-up incl. compile 40.0 s, of it 9.7 s making data, measured 24.0 s," in overhead_line(rows, 185.6, one)
     churn = [(1, 12.0, "first"), (2, 9.0, "resize"), (1, 7.0, "resize"), (2, 8.0, "replace")]
     assert overhead_line(rows, 185.6, churn).startswith(
-        "warm worker groups: 4 started for 5 trial(s) (2 restarts to change the worker count, 8.0 s each; 1 restart to "
+        "warm worker groups: 4 started for 5 trial(s) (2 restarts to change the worker count (or type), 8.0 s each; 1 restart to "
         "replace a failed group, 8.0 s each; the first 12.0 s); ")
     assert overhead_line([TrialRow("f", 1, {}, status="oom")], 10.0, None) == (
         "one Ray Train run per trial; no trial ran its loop to the end, so no overhead figure")

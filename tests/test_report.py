@@ -272,8 +272,9 @@ def test_best_fragment_validates_and_resolves_to_the_best_trial() -> None:
     child = SimpleNamespace(info=SimpleNamespace(run_id="r1", run_name="trial-001"), data=SimpleNamespace(
         params=logged, metrics={"throughput/samples_per_s": 1.0}, tags={"sweep.trial_id": "t1", "sweep.status": "ok"}))
     fragment = best_fragment(SweepOutcome(spec, "parent", "sqlite://", rows_from_runs([child]), 1.0))
-    # every knob, new ones included, but the worker count: the spec holds it in scaling.num_workers
-    assert list(yaml.safe_load(fragment)["space"]) == [*(k for k in KNOBS if k != "num_workers"), "params"]
+    # every knob, new ones included, but the worker count (the spec holds it in scaling.num_workers) and the
+    # accelerator type, which an unpinned trial does not log
+    assert list(yaml.safe_load(fragment)["space"]) == [*(k for k in KNOBS if k not in ("num_workers", "accelerator_type")), "params"]
     pasted = resolve_trial(parse_spec(_SPEC.replace("SPACE", fragment), "the pasted fragment"), {})
     assert {k: getattr(pasted, k) for k in KNOBS} == {k: getattr(ran, k) for k in KNOBS}, fragment
     assert pasted.workload_params == ran.workload_params == {"num_train_rows": 2048, "hidden": 64, "num_features": 8}
@@ -324,8 +325,8 @@ def test_the_tables_show_the_knobs_that_varied_and_say_once_what_every_trial_sha
     html_table = _Table()
     html_table.feed(page)
     assert html_table.head[2:5] == ["status", "params.hidden", TPUT] and f"<small>{shared}</small>" in page
-    assert list(yaml.safe_load(best_fragment(outcome))["space"]) == [*(k for k in KNOBS if k != "num_workers"),
-                                                                      "params"]  # unchanged: every knob
+    assert list(yaml.safe_load(best_fragment(outcome))["space"]) == [
+        *(k for k in KNOBS if k not in ("num_workers", "accelerator_type")), "params"]  # unchanged: every knob logged
     rows.append(TrialRow("t3", 3, trial_params(spec, resolve_trial(spec, {"batch_size": 128, "params.hidden": 16})),
                          status="oom", reason="CUDA out of memory"))
     varied, same = knob_split(outcome)  # a failed trial's knobs count too

@@ -70,20 +70,31 @@ def test_a_space_whose_largest_trial_never_fits_is_refused_naming_the_count_to_d
     refuse_if_never_fits(spec, {"CPU": 4.0})
 
 
-def _pending(q: Queue, trial: str, size: int) -> None:
-    q.submit(trial, TrialConfig(workload="mlp-tabular", batch_size=32, precision="32", lr=1e-3, num_steps=5, num_workers=size).to_dict(), None, "/tmp/x")
+def _pending(q: Queue, trial: str, size: int, kind: str = "") -> None:
+    q.submit(trial, TrialConfig(workload="mlp-tabular", batch_size=32, precision="32", lr=1e-3, num_steps=5, num_workers=size,
+                                accelerator_type=kind).to_dict(), None, "/tmp/x")
 
 
 def test_a_warm_group_serves_trials_of_its_own_size_and_ends_to_be_resized_for_the_others() -> None:
     q = Queue()
     _pending(q, "two", 2)
     _pending(q, "one", 1)
-    assert q.take(0, 0.1, size=1)[0] == "one"  # the oldest trial *of its size*, not the oldest
-    assert q.take(0, 0.1, size=1) == POOL_RESIZE  # only a 2-rank trial waits: end, a 2-rank group follows
-    assert q.size_for(0, 1) == 2
-    assert q.take(1, 0.1, size=1) is None  # slot 0 is being resized for it already: slot 1 keeps its group
-    assert q.take(0, 0.1, size=2)[0] == "two"  # the new group of slot 0 takes it
-    assert q.size_for(0, 2) == 2 and q.take(0, 0.05, size=2) is None  # nothing waits: no resize
+    assert q.take(0, 0.1, (1, ""))[0] == "one"  # the oldest trial *of its size*, not the oldest
+    assert q.take(0, 0.1, (1, "")) == POOL_RESIZE  # only a 2-rank trial waits: end, a 2-rank group follows
+    assert q.shape_for(0, (1, "")) == (2, "")
+    assert q.take(1, 0.1, (1, "")) is None  # slot 0 is being resized for it already: slot 1 keeps its group
+    assert q.take(0, 0.1, (2, ""))[0] == "two"  # the new group of slot 0 takes it
+    assert q.shape_for(0, (2, "")) == (2, "") and q.take(0, 0.05, (2, "")) is None  # nothing waits: no resize
+
+
+def test_a_warm_group_serves_only_trials_of_its_accelerator_type() -> None:
+    q = Queue()
+    _pending(q, "on-large", 2, "large")
+    _pending(q, "on-small", 2, "small")
+    assert q.take(0, 0.1, (2, "small"))[0] == "on-small"  # same size, other type: not served
+    assert q.take(0, 0.1, (2, "small")) == POOL_RESIZE
+    assert q.shape_for(0, (2, "small")) == (2, "large")
+    assert q.take(0, 0.1, (2, "large"))[0] == "on-large"
 
 
 def test_the_memory_probe_measures_every_worker_count_on_its_own() -> None:

@@ -82,7 +82,7 @@ def test_tpe_over_the_worker_count_holds_it_never_repeats_and_says_when_the_spac
     planned = next(line for line in lines if line.startswith("planned: "))
     assert "; 2 warm worker group start(s) (1 restart(s) to change the worker count, planned) x " in planned, planned
     said = next(line for line in lines if line.startswith("warm worker groups: "))
-    assert said.startswith("warm worker groups: 2 started for 4 trial(s) (1 restart to change the worker count, "), said
+    assert said.startswith("warm worker groups: 2 started for 4 trial(s) (1 restart to change the worker count (or type), "), said
     client = MlflowClient(f"sqlite:///{tmp_path / 'ranks.db'}")
     assert client.get_run(outcome.parent_run_id).data.tags["sweep.exhausted"] == outcome.exhausted
     assert "The search ran out of configurations: every one of the space's 4" in answer(outcome)

@@ -69,6 +69,33 @@ EVALS = "progress/evals"  # periodic evaluations run
 PREDICT_TIME_TO_TARGET_S = "predict/time_to_target_s"  # the noise-scale model's estimate (the sweep adds it)
 QUALITY_GAP_PCT = "quality/gap_pct"  # loss/val vs the sweep's fp32 reference at equal data (the sweep adds it)
 PREDICT_ERROR_PCT = "predict/error_pct"  # predicted / measured time to target - 1, % (the sweep adds it)
+# Money (the spec's prices; trainables.metrics says how each is computed)
+USD_PER_HOUR = "cost/usd_per_hour"
+USD_TO_TARGET = "cost/usd_to_target"
+PREDICT_USD_TO_TARGET = "cost/predicted_usd_to_target"  # the sweep adds it, from predict/time_to_target_s
+TRIAL_USD = "cost/trial_usd"  # the sweep adds it, from the trial's own wall time
+SWEEP_USD = "cost/sweep_usd"  # on the parent run
+
+
+def usd_per_million_key(unit: str) -> str:
+    """Dollars per million items of the workload's unit at the measured throughput."""
+    return f"cost/usd_per_1m_{unit}"
+
+
+def money_metrics(usd_per_hour: float, metrics: dict[str, Any]) -> dict[str, float]:
+    """The money figures a report carries, from the trial's hourly price and the report's own figures:
+    none without a price, and each only where the figure it is computed from is there."""
+    if not usd_per_hour > 0:
+        return {}
+    out = {USD_PER_HOUR: usd_per_hour}
+    for unit in UNITS:
+        rate = metrics.get(throughput_key(unit))
+        if isinstance(rate, (int, float)) and rate > 0:
+            out[usd_per_million_key(unit)] = usd_per_hour / (rate * 3600.0) * 1e6
+    seconds = metrics.get(TIME_TO_TARGET_S)
+    if isinstance(seconds, (int, float)) and seconds >= 0:
+        out[USD_TO_TARGET] = usd_per_hour * seconds / 3600.0
+    return out
 
 
 # Rules a trial's length must meet: one function each, said by the spec (its field names prefixed) and by
@@ -196,6 +223,7 @@ class TrialConfig(LoopKnobs):
     min_window_s: float = 0.0  # the measured window lasts at least this long (more steps than num_steps if needed)
     max_window_s: float = 0.0  # ... and ends once it lasts this long (fewer steps than num_steps if needed; 0: off)
     max_warmup_s: float = 0.0  # warm-up ends once its timed steps (from step 1) last this long (0: off)
+    usd_per_hour: float = 0.0  # what the trial's devices cost per hour (the spec's prices; 0: unpriced, no cost/*)
 
     def __post_init__(self) -> None:
         for name, (kind, _, k) in KNOBS.items():  # the loop's knobs, by their one declaration
@@ -211,6 +239,8 @@ class TrialConfig(LoopKnobs):
             raise ValueError(problem)
         if self.num_items < 0 or self.eval_every_steps < 0:
             raise ValueError("num_items and eval_every_steps must be >= 0 (0: off)")
+        if not (math.isfinite(self.usd_per_hour) and self.usd_per_hour >= 0):
+            raise ValueError(f"usd_per_hour must be a price >= 0 (0: unpriced), got {self.usd_per_hour}")
 
     def target_met(self, value: float | None) -> bool:
         if self.target_metric is None or value is None or not math.isfinite(value):

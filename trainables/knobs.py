@@ -38,6 +38,8 @@ class Knob:
             said = f"one of {list(self.choices)}"
         elif kind is bool:
             said = "true or false"
+        elif kind is str:
+            said = "text"
         elif kind is int:
             said = f"an integer >= {int(self.minimum if self.minimum is not None else 1)}"
         else:
@@ -87,6 +89,10 @@ class LoopKnobs:
                                 note="0: no clipping", minimum=0, group="optim", implicit=False, speed=False)
     lr_warmup_steps: int = knob(0, "optimizer steps of linear LR warm-up", note="optimizer steps of linear LR warm-up",
                                 minimum=0, group="optim", implicit=False, speed=False)
+    accelerator_type: str = knob("", "the accelerator type the trial's ranks run on: a GPU type by the name Ray "
+                                 "labels it with (H100, A100), or a CPU node type its nodes' label names; priced by "
+                                 "the spec's cost section; empty: any", note="a GPU type or a node label; empty: any",
+                                 implicit=False, flag=False)
     lr_schedule: str = knob("constant", "after warm-up: constant, or cosine decay to 0 at the last step",
                             choices=LR_SCHEDULES, group="optim", implicit=False, speed=False)
 

@@ -62,7 +62,7 @@ from trainables.evaluate import Evaluator, validate
 from trainables.length import TrialLength
 from trainables.loader import close_loader, make_loader, stream
 from trainables.noise_scale import grads_sq
-from trainables.reporting import Reporter
+from trainables.reporting import Reporter, priced
 from trainables.window import MeasuredWindow, all_reduce, spread
 
 _spread = spread  # the name tests import from here
@@ -131,7 +131,7 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
            resume_from: str | None, where: Where) -> dict[str, Any]:
     """The spine: every collective below runs on every rank in this order (module doc)."""
     loop_t0 = time.perf_counter()
-    run = _Run(build(cfg, device), reporter, resume_from, where)
+    run = _Run(build(cfg, device), priced(reporter, cfg.usd_per_hour), resume_from, where)
     t, length, win, evals = run.t, run.length, run.win, run.evals
     loader, sampler = make_loader(t.m.wl, cfg, t.pin, train=True, rank=t.rank, world=t.world)
     batches = stream(loader, sampler, needed=length.batches_needed)

@@ -3,7 +3,8 @@ absent, which report carries it, how ranks combine it and whether a spec may nam
 vocabulary (`KNOWN_METRICS`, `is_final_only`, `SWEEP_LEVEL_METRICS`), the telemetry's rank combination
 and the documentation's metrics page (`python -m sweeps.ops.docs`) are read from this table.
 
-A key holding `<unit>` stands for one key per counting unit (`samples`, `tokens`). Torch-free.
+A key holding `<unit>` stands for one key per counting unit (`samples`, `tokens`), `<precision>` for
+`bf16` and `fp16`. Torch-free.
 """
 
 from __future__ import annotations
@@ -25,12 +26,16 @@ class Metric:
     ranks: str = ""  # how a per-rank telemetry value combines over ranks: mean, max, min, sum ("" : not telemetry)
 
     def keys(self) -> tuple[str, ...]:
-        return tuple(self.key.replace("<unit>", u) for u in UNITS) if "<unit>" in self.key else (self.key,)
+        for slot, values in (("<unit>", UNITS), ("<precision>", ("bf16", "fp16"))):
+            if slot in self.key:
+                return tuple(self.key.replace(slot, v) for v in values)
+        return (self.key,)
 
 
 _NO_GPU = "no NVIDIA GPU (NVML) on a rank"
 _NO_DDP = "one rank"
 _NO_TARGET = "no `objective.target`, or the target was missed"
+_UNPRICED = "no price for the trial's accelerator type (no `cost` section)"
 
 METRICS: tuple[Metric, ...] = (
     Metric("throughput/<unit>_per_s", "items/s", "items counted by `count_items` on all ranks / wall time of the "
@@ -38,7 +43,7 @@ METRICS: tuple[Metric, ...] = (
            "handing on of reports and checkpoints"),
     Metric("throughput/<unit>_per_s_per_worker", "items/s", "the same / number of workers"),
     Metric("throughput/<unit>_per_s_cv_pct", "%", "the throughput's spread over ~10 sub-windows of the measured "
-           "window, stdev/mean", "fewer than 2 sub-windows", final_only=True),
+           "window, stdev/mean", "fewer than 3 sub-windows", final_only=True),
     Metric("loss/train", "loss", "mean training loss over the last reporting interval (all ranks)"),
     Metric("loss/val", "loss", "held-out validation loss at the end, every validation sample counted once, "
            "weighted by its counted items", "a probe trial", final_only=True),
@@ -121,6 +126,34 @@ METRICS: tuple[Metric, ...] = (
            "no target, or no noise scale", final_only=True, sweep_level=True),
     Metric("predict/error_pct", "%", "predicted / measured time to target - 1", "no prediction or no measured time",
            final_only=True, sweep_level=True),
+    Metric("perf/sol_pct", "%", "speed of light: `perf/tflops_per_s` / this hardware's measured matmul peak at the "
+           "trial's precision (`sweeps doctor`'s figures: per GPU x ranks, or per core x ranks x threads on CPU)",
+           "no FLOP count, or no measured peak", final_only=True, sweep_level=True, nameable=False),
+    Metric("perf/input_sol_pct", "%", "image-cnn only: `throughput/samples_per_s` / (measured decode rate per core "
+           "x max(1, loader workers) x ranks): near 100, the loader workers are the ceiling",
+           "another workload, or no decode figure for its image size", final_only=True, sweep_level=True,
+           nameable=False),
+    Metric("perf/h2d_bw_pct", "%", "`copy/h2d_gb_per_s` / the measured host-to-device bandwidth (pinned or pageable "
+           "as the trial's `pin_memory`)", "a CPU trial", final_only=True, sweep_level=True, nameable=False),
+    Metric("matmul/<precision>_of_fp32_pct", "%", "CPU: this machine's measured bf16 (or fp16) matmul peak / its fp32 "
+           "peak, copied onto every trial scored against it (with `matmul/<precision>_emulated`): its verdict knows "
+           "whether the precision is emulated", "a GPU trial, or no doctor figures", final_only=True,
+           sweep_level=True, nameable=False),
+    Metric("cost/usd_per_hour", "$/h", "what the trial's devices cost per hour: its accelerator type's price "
+           "(`cost.prices`: per GPU-hour, or per core-hour on CPU) x its devices (its GPUs, or the CPU cores it "
+           "reserved: the param `cpus_reserved`)", _UNPRICED),
+    Metric("cost/usd_per_1m_<unit>", "$", "`cost/usd_per_hour` / (`throughput/<unit>_per_s` x 3600) x 10^6: "
+           "dollars per million items at the measured throughput", _UNPRICED),
+    Metric("cost/usd_to_target", "$", "`cost/usd_per_hour` x `time/to_target_s` / 3600",
+           _UNPRICED + ", or the target was missed", final_only=True),
+    Metric("cost/predicted_usd_to_target", "$", "`cost/usd_per_hour` x `predict/time_to_target_s` / 3600",
+           _UNPRICED + ", or no prediction", final_only=True, sweep_level=True),
+    Metric("cost/trial_usd", "$", "`cost/usd_per_hour` x the trial's own wall time, from its start to its final "
+           "report (a warm group's start-up is the sweep's, not a trial's)", _UNPRICED, final_only=True,
+           sweep_level=True),
+    Metric("cost/sweep_usd", "$", "on the parent run: the sum of its trials' `cost/trial_usd` and what its warm "
+           "groups' start-ups held (their devices x the seconds each start took)", _UNPRICED, final_only=True,
+           sweep_level=True, nameable=False),
     Metric("quality/gap_pct", "%", "`loss/val` vs the sweep's fp32 reference at equal data; past "
            "`quality.tolerance` the run is tagged `sweep.degraded`", "no fp32 reference at equal data",
            final_only=True, sweep_level=True),

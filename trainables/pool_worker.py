@@ -155,14 +155,12 @@ class QueueReporter:
             raise TrialCancelled(f"trial {self.trial_id} was stopped by the sweep")
 
 
-def _next_item(queue: Any, slot: int, rank: int, world: int, device: torch.device, poll_s: float = 2.0) -> Any:
-    """The next trial for a group of this size (or CLOSED, or RESIZE). Every rank loops together, one
-    short wait at a time: an idle group never sits in one collective for longer than the process-group
-    timeout."""
-    import ray
-
+def _next_item(take: Any, rank: int, world: int, device: torch.device) -> Any:
+    """The next trial for a group of this shape (or CLOSED, or RESIZE), from `take` (rank 0 asks the queue).
+    Every rank loops together, one short wait at a time: an idle group never sits in one collective for
+    longer than the process-group timeout."""
     while True:
-        item = ray.get(queue.take.remote(slot, poll_s, world)) if rank == 0 else None
+        item = take() if rank == 0 else None
         if world > 1:
             box = [item]
             dist.broadcast_object_list(box, src=0, device=device if device.type == "cuda" else None)
@@ -202,9 +200,15 @@ def pool_worker(config: dict[str, Any]) -> None:
     node = ray.get_runtime_context().get_node_id()
     reset_between_trials(device)  # its first call imports torch's compiler stack (~1 s): the group's start-up, not a trial's
     served = 0
+    # the trials it serves: of its shape (its ranks, its accelerator type), asked one short poll at a time
+    shape, poll_s = config.get("shape") or (world, ""), float(config.get("idle_poll_s", 2.0))
+
+    def take() -> Any:
+        return ray.get(queue.take.remote(slot, poll_s, tuple(shape)))
+
     while True:
-        item = _next_item(queue, slot, rank, world, device, float(config.get("idle_poll_s", 2.0)))
-        if item in (CLOSED, RESIZE):  # the sweep is over, or its waiting trials need another number of ranks
+        item = _next_item(take, rank, world, device)
+        if item in (CLOSED, RESIZE):  # the sweep is over, or its waiting trials need another shape
             return
         trial_id, cfg_dict, resume_from, checkpoint_dir = item
         cfg = TrialConfig.from_dict(cfg_dict)

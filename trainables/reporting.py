@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any, Protocol
 
-from trainables.contract import CHECKPOINT_FILE
+from trainables.contract import CHECKPOINT_FILE, money_metrics
 
 
 class Reporter(Protocol):
@@ -60,6 +60,22 @@ class MultiReporter:
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None = None) -> None:
         for r in self._reporters:
             r.report(metrics, checkpoint_dir)
+
+
+class PricedReporter:
+    """Adds the money figures (`contract.money_metrics`) to every report, from the trial's hourly price:
+    each report the loop hands on carries them, to Tune's searcher and to MLflow alike."""
+
+    def __init__(self, reporter: Reporter, usd_per_hour: float) -> None:
+        self._reporter, self._usd_per_hour = reporter, usd_per_hour
+
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None = None) -> None:
+        metrics.update(money_metrics(self._usd_per_hour, metrics))  # in place: the loop returns its final report
+        self._reporter.report(metrics, checkpoint_dir)
+
+
+def priced(reporter: Reporter, usd_per_hour: float) -> Reporter:
+    return PricedReporter(reporter, usd_per_hour) if usd_per_hour > 0 else reporter
 
 
 def keep_checkpoint(checkpoint_dir: str, directory: Path) -> Path:

@@ -103,8 +103,8 @@ def spec_page() -> str:
               "(or `params.<name>: ...` at this level). Declared once, in `trainables/knobs.py`.\n",
               "| key | type | default | allowed | what it does |", "|---|---|---|---|---|"]
     for name, (kind, default, k) in KNOBS.items():
-        held = f"`{default!r}`" if k.implicit else ("`scaling.num_workers`" if name == "num_workers" else
-                                                    f"`{default!r}` (not logged unless named)")
+        held = {"num_workers": "`scaling.num_workers`", "accelerator_type": "`scaling.accelerator_type`, else any"}.get(
+            name, f"`{default!r}`")
         lines.append("| " + " | ".join(_cell(c) for c in (f"`space.{name}`", kind.__name__, held, k.rule(kind), k.help))
                      + " |")
     return "\n".join(lines) + "\n"

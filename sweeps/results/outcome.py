@@ -134,6 +134,7 @@ class SweepOutcome:
     stopped_reason: str = ""  # set when the circuit breaker stopped the sweep early
     interrupted: str = ""  # set when the sweep stopped before its end and can be resumed (why)
     exhausted: str = ""  # set when the search ran out of configurations before num_trials (what it did then)
+    sweep_usd: float | None = None  # what the sweep cost at the spec's prices (None: unpriced)
 
     def ranked(self) -> list[TrialRow]:
         """Finished, feasible trials, best first by the (first) objective; failed ones never rank."""

@@ -40,6 +40,7 @@ import math
 import statistics
 from typing import Any
 
+from sweeps.results.money import predicted_usd
 from sweeps.results.outcome import MEASURED, SweepOutcome, TrialRow, number, twins
 from trainables.contract import (
     EVAL_TOTAL_S,
@@ -48,6 +49,7 @@ from trainables.contract import (
     LOSS_VAL,
     PREDICT_ERROR_PCT,
     PREDICT_TIME_TO_TARGET_S,
+    PREDICT_USD_TO_TARGET,
     QUALITY_GAP_PCT,
     SCALING_EFFICIENCY_PCT,
     STEP_TIME_MS,
@@ -145,6 +147,7 @@ def predict(outcome: SweepOutcome) -> int:
         evals, eval_s = _num(t.metrics.get(EVALS)), _num(t.metrics.get(EVAL_TOTAL_S))
         per_eval = eval_s / evals if evals and eval_s is not None else 0.0
         t.metrics[PREDICT_TIME_TO_TARGET_S] = s_pred * step_s / 1000.0 + (s_pred / every) * per_eval
+        t.metrics.update(predicted_usd(t.metrics))  # at the trial's own price, where it has one
         error = prediction_error(t)
         if error is not None:
             t.metrics[PREDICT_ERROR_PCT] = 100.0 * error
@@ -238,7 +241,7 @@ def annotate(outcome: SweepOutcome) -> tuple[str, dict[str, tuple[dict[str, floa
     updates: dict[str, tuple[dict[str, float], dict[str, str]]] = {}
     for t in outcome.trials:
         metrics = {k: float(t.metrics[k]) for k in (QUALITY_GAP_PCT, PREDICT_TIME_TO_TARGET_S, PREDICT_ERROR_PCT,
-                                                    SCALING_EFFICIENCY_PCT) if k in t.metrics}
+                                                    SCALING_EFFICIENCY_PCT, PREDICT_USD_TO_TARGET) if k in t.metrics}
         tags = {DEGRADED_TAG: t.degraded[:5000]} if t.degraded else {}
         if t.run_id and (metrics or tags):
             updates[t.run_id] = (metrics, tags)

@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from sweeps.results.money import money_key, money_sentence
 from sweeps.results.outcome import MEASURED, REPLICATE_TAG, SweepOutcome, TrialRow
 from sweeps.results.quality import DEGRADED_TAG, efficiency, scaling_twin, workers
 from sweeps.results.verdict import noise_tie, revise_verdicts, sweep_effects
@@ -35,6 +36,7 @@ from trainables.contract import (
     SCALING_EFFICIENCY_PCT,
     STEP_TIME_MS,
     THROUGHPUT_UNITS,
+    TRIAL_USD,
     throughput_cv_key,
 )
 from trainables.knobs import KNOBS
@@ -113,6 +115,8 @@ def table_rows(outcome: SweepOutcome) -> tuple[list[str], list[tuple[TrialRow, l
     extra = list(dict.fromkeys(m for m in (*noise, *obj.metrics[1:], *(c.metric for c in obj.constraints),
                                            LOSS_VAL, STEP_TIME_MS, DATA_WAIT_PCT) if m != metric))
     extra += [m for m in QUALITY_METRICS if m not in extra and m != metric and any(m in t.metrics for t in outcome.trials)]
+    money = money_key(outcome)  # what a trial costs, beside what it measured, where the spec has prices
+    extra += [m for m in (money, TRIAL_USD) if m and m not in extra and m != metric and any(m in t.metrics for t in outcome.trials)]
     knobs = knob_split(outcome)[0]
     head = ["rank", "trial", "status", *knobs, metric, *extra]
     ranked = outcome.ranked()
@@ -411,6 +415,9 @@ def answer(outcome: SweepOutcome) -> str:
     said = effects_said(outcome)
     if said:
         text += f" Measured effects across the sweep ({said[0]}): " + "; ".join(said[1:]) + "."
+    money = money_sentence(outcome, lambda t: configuration(outcome, t))
+    if money:
+        text += f" {money}"
     if degraded(best):
         text += f" Caution, its result is degraded: {degraded(best)}."
     if outcome.stopped_reason:

@@ -26,18 +26,20 @@ def oom_key(knobs: dict[str, Any]) -> tuple[Any, ...]:
     """What, besides the batch size, decides whether a trial fits in memory: precision, compile,
     the trainable's own params in the space (a wider model runs out of memory at a smaller batch)
     and the number of ranks (per-rank memory changes little with it, but DDP's buckets and the
-    collectives' buffers do: not assumed). Not grad_accum_steps: a micro-batch's activations are the
-    same whether gradients accumulate."""
+    collectives' buffers do: not assumed), and the accelerator type (another device, another memory). Not
+    grad_accum_steps: a micro-batch's activations are the same whether gradients accumulate."""
     own = tuple(sorted((k, str(v)) for k, v in knobs.items() if k.startswith(PARAMS_PREFIX)))
     workers = knobs.get("num_workers")
-    return str(knobs["precision"]), bool(knobs["compile"]), own, int(workers) if workers is not None else None
+    return (str(knobs["precision"]), bool(knobs["compile"]), own, int(workers) if workers is not None else None,
+            str(knobs.get("accelerator_type") or ""))
 
 
 def oom_label(knobs: dict[str, Any]) -> str:
     """The memory settings of `knobs` (its `oom_key`) as a message names them."""
-    precision, compiled, own, workers = oom_key(knobs)
+    precision, compiled, own, workers, kind = oom_key(knobs)
     return ", ".join([f"precision={precision}", f"compile={compiled}", *(f"{k}={v}" for k, v in own),
-                      *([f"num_workers={workers}"] if workers is not None else [])])
+                      *([f"num_workers={workers}"] if workers is not None else []),
+                      *([f"accelerator_type={kind}"] if kind else [])])
 
 
 @dataclass

@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 from sweeps.spec import PARAMS_PREFIX, IntParam, Scalar, SweepSpec
+from sweeps.spec.cost import usd_per_hour
 from sweeps.spec.params import param_values
 from sweeps.spec.sections import BudgetSpec
 from trainables.contract import TrialConfig
@@ -83,9 +84,20 @@ def first_workers(spec: SweepSpec) -> int:
     return spec.scaling.num_workers if p is None else int(param_values(p)[0])
 
 
+def first_shape(spec: SweepSpec) -> tuple[int, str]:
+    """The shape a warm group starts with before it has a trial: the first worker count and the first
+    accelerator type ("": not pinned) of the space."""
+    from sweeps.spec.cost import accelerator_types
+
+    return first_workers(spec), accelerator_types(spec)[0]
+
+
 def fixed_knobs(spec: SweepSpec) -> dict[str, Scalar]:
-    """The space's fixed knobs, with the worker count where the space does not search it."""
+    """The space's fixed knobs, with the worker count (and the accelerator type a scaling section pins)
+    where the space does not search it."""
     fixed = spec.space.fixed()
+    if spec.space.accelerator_type is None and spec.scaling.accelerator_type is not None:
+        fixed = {"accelerator_type": spec.scaling.accelerator_type, **fixed}
     return {"num_workers": spec.scaling.num_workers} | fixed if spec.space.num_workers is None else fixed
 
 
@@ -135,6 +147,8 @@ def resolve_trial(spec: SweepSpec, sampled: dict[str, Any], metrics_path: str | 
         seed=spec.seed,
         data_dir=spec.data_dir,
         metrics_path=metrics_path,
+        usd_per_hour=usd_per_hour(spec, knobs["accelerator_type"], knobs["num_workers"],
+                                  knobs["num_dataloader_workers"]),
     )
 
 
@@ -170,4 +184,4 @@ def trial_params(spec: SweepSpec, cfg: TrialConfig) -> dict[str, Any]:
     if cfg.eval_every_steps:
         params["eval_every_steps"] = cfg.eval_every_steps
     params.update({f"workload.{k}": v for k, v in cfg.workload_params.items()})
-    return {k: v for k, v in params.items() if v is not None}
+    return {k: v for k, v in params.items() if v is not None and not (k == "accelerator_type" and v == "")}

@@ -17,6 +17,7 @@ import cloudpickle
 import ray
 from ray import tune
 
+from sweeps.results.money import trial_usd
 from sweeps.results.outcome import MEASURED, REPLICATE_TAG, TrialRow, end_status
 from sweeps.results.sol import SpeedOfLight
 from sweeps.results.verdict import verdict
@@ -167,12 +168,16 @@ class SweepCallback(tune.Callback):
 
     def _finish(self, trial_id: str, status: str, reason: str) -> None:
         self._ended.add(trial_id)
+        row = self.rows[trial_id]
         if trial_id in self._began:
             began, ended = self._pool_span(trial_id)
             self._cost[trial_id] = (ended or time.time()) - max(self._began[trial_id], began or 0.0)
+            spent = trial_usd(self.spec, row.params, self._cost[trial_id])  # a failed trial costs money too
+            if spent:
+                row.metrics.update(spent)
+                self.tracker.trial_result(trial_id, spent, step=int(row.metrics.get(STEPS, 0)))
         if self.queue is not None:  # Tune ended it: a warm group still running (or queueing) it stops
             self.queue.cancel.remote(trial_id)
-        row = self.rows[trial_id]
         row.status, row.reason = status, reason
         tags = {REPLICATE_TAG: str(row.replicate_of)} if row.replicate_of else {}
         if status in MEASURED:

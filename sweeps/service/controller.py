@@ -18,6 +18,7 @@ import ray
 from ray import tune
 from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
+from sweeps.results.money import sweep_usd
 from sweeps.results.outcome import UNFINISHED, SweepOutcome
 from sweeps.results.quality import annotate, log_updates
 from sweeps.results.report import rows_from_runs, sweep_note
@@ -25,6 +26,7 @@ from sweeps.results.sol import SpeedOfLight
 from sweeps.results.verdict import revise_verdicts
 from sweeps.search.searcher import make_scheduler, make_searcher
 from sweeps.search.state import SearchState, running
+from sweeps.search.trials import max_loader_workers
 from sweeps.service.breaker import BreakerStopper
 from sweeps.service.callback import SweepCallback, live
 from sweeps.service.pool import WarmPool
@@ -34,6 +36,7 @@ from sweeps.service.state import SweepState, experiment_dir, resume_command
 from sweeps.service.trial import run_trial
 from sweeps.spec import SweepSpec
 from sweeps.tracking import SweepTracker
+from trainables.contract import SWEEP_USD
 
 logger = logging.getLogger(__name__)
 
@@ -159,6 +162,15 @@ class SweepController:
                 TERMINAL.close()  # the live status line gives way to the final output
         return outcome
 
+    def _group_starts(self) -> list[tuple[Any, float, str]]:
+        """Each warm group's start so far (its shape, seconds, why): what the sweep paid beyond its trials."""
+        if self.pool is None:
+            return []
+        try:
+            return list(ray.get(self.pool.queue.group_starts.remote(), timeout=10))
+        except Exception:  # noqa: BLE001 - the money figure then leaves the starts out; the trials are done
+            return []
+
     def _first_group_s(self, timeout_s: float = 120.0) -> float | None:
         """What the pool's first warm group took to start (waiting for it, at most `timeout_s`: an autoscaling
         cluster may still be adding its nodes); None without a pool or in time."""
@@ -203,6 +215,11 @@ class SweepController:
         metrics = {spec.objective.primary: float(best.metrics[spec.objective.primary])} if best else {}
         tags = {"sweep.trials_ok": str(len(outcome.ranked())), "sweep.trials_total": str(len(outcome.trials)),
                 **self.probe_tags, "sweep.quality_guardrail": quality_note}
+        outcome.sweep_usd = sweep_usd(outcome, self._group_starts(), max_loader_workers(spec), self.probe_s)
+        if outcome.sweep_usd is not None:
+            metrics[SWEEP_USD] = outcome.sweep_usd
+            tags["sweep.prices"] = "; ".join(f"{k}: ${p.usd_per_hour:g}/h, {p.date}, {p.source}"
+                                             for k, p in spec.cost.prices.items())[:5000]  # type: ignore[union-attr]
         for key, said in (("sweep.stopped", outcome.stopped_reason), ("sweep.interrupted", outcome.interrupted),
                           ("sweep.exhausted", outcome.exhausted)):
             if said:

@@ -13,13 +13,15 @@ trial ended within `_AGREE_S`, and every rank must have finished or failed clean
 `trainables.pool_worker`). A group that died outright (a rank's process crashed) is reported by
 its supervisor for the trial it was serving.
 
-**Sizes.** A trial runs on its own number of ranks (`TrialConfig.num_workers`, searched as
-`space.num_workers`), and a group serves only trials of its own size: it takes the oldest waiting
-trial of its size. An idle group that finds only trials of other sizes waiting, none of which
-another idle group of that size (or one already being resized to it) will take, ends (`POOL_RESIZE`)
-and its supervisor starts a group of the size the oldest of them needs. So a slot never holds more
+**Shapes.** A trial runs on its own number of ranks (`TrialConfig.num_workers`, searched as
+`space.num_workers`) of its own accelerator type (`accelerator_type`, searched as
+`space.accelerator_type`): its shape. A group serves only trials of its own shape: it takes the oldest
+waiting trial of its shape. An idle group that finds only trials of other shapes waiting, none of which
+another idle group of that shape (or one already being resized to it) will take, ends (`POOL_RESIZE`)
+and its supervisor starts a group of the shape the oldest of them needs. So a slot never holds more
 than the largest trial, and the pool stays within what `max_concurrent_trials` trials need; each
-resize costs one group start (grid search walks the worker counts slowest, resizing once per count).
+resize costs one group start (grid search walks the types and worker counts slowest, resizing once per
+shape).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any
 
 import ray
 
-from sweeps.search.trials import first_workers
+from sweeps.search.trials import first_shape
 from sweeps.spec import SweepSpec
 from trainables.contract import FINAL
 from trainables.contract import POOL_CLOSED as CLOSED
@@ -57,13 +59,13 @@ class Queue:
         self._done: dict[str, dict[int, tuple[BaseException | None, bool]]] = {}
         self._decided: dict[str, bool] = {}
         self._where: dict[str, dict[int, str]] = {}  # where in the loop each rank's trial ended
-        self._idle: dict[int, int] = {}  # slot -> the size of its group, while it waits in take()
-        self._resizing: dict[int, int] = {}  # slot -> the size its next group is started with
+        self._idle: dict[int, Shape | None] = {}  # slot -> the shape of its group, while it waits in take()
+        self._resizing: dict[int, Shape] = {}  # slot -> the shape its next group is started with
         self._began: dict[str, float] = {}  # trial -> when it was submitted, or taken if it had to wait for a group
         self._waited: set[str] = set()  # trials submitted while no group that takes them was waiting
         self._ended: dict[str, float] = {}  # trial -> when its group posted its final report
-        self._starting: dict[int, tuple[float, int, str]] = {}  # slot -> (since, size, why) of a group starting
-        self._starts: list[tuple[int, float, str]] = []  # each group's (size, seconds to its first take, why)
+        self._starting: dict[int, tuple[float, Shape, str]] = {}  # slot -> (since, shape, why) of a group starting
+        self._starts: list[tuple[Shape, float, str]] = []  # each group's (shape, seconds to its first take, why)
         self._closed = False
 
     # -- the Tune trial's side ---------------------------------------------------------------
@@ -77,8 +79,8 @@ class Queue:
             self._began[trial_id] = time.time()
             self._ended.pop(trial_id, None)
             self._waited.discard(trial_id)
-            size = _size(self._pending[-1])
-            if not any(s == 0 or size in (0, s) for s in self._idle.values()):
+            shape = _shape(self._pending[-1])
+            if not any(_takes(s, shape) for s in self._idle.values()):
                 self._waited.add(trial_id)  # no group that takes it is waiting: it waits for one to start
             self._cv.notify_all()
 
@@ -99,39 +101,39 @@ class Queue:
 
     # -- the warm group's side ---------------------------------------------------------------
     # -- group starts: what each cost, for the overhead line, the plan and the ETA ----------
-    def group_starting(self, slot: int, size: int, why: str) -> None:
-        """A slot's supervisor starts a group (`why`: "first", "resize" to another worker count, or
-        "replace" one that failed); its start ends when the group first asks for a trial."""
+    def group_starting(self, slot: int, shape: Shape, why: str) -> None:
+        """A slot's supervisor starts a group (`why`: "first", "resize" to another shape, or "replace" one
+        that failed); its start ends when the group first asks for a trial."""
         with self._cv:
-            self._starting[slot] = (time.time(), size, why)
+            self._starting[slot] = (time.time(), shape, why)
 
-    def group_starts(self) -> list[tuple[int, float, str]]:
-        """Each group started so far: (its size, the seconds until it first asked for a trial, why)."""
+    def group_starts(self) -> list[tuple[Shape, float, str]]:
+        """Each group started so far: (its shape, the seconds until it first asked for a trial, why)."""
         with self._cv:
             return list(self._starts)
 
-    def wait_started(self, timeout_s: float) -> list[tuple[int, float, str]]:
+    def wait_started(self, timeout_s: float) -> list[tuple[Shape, float, str]]:
         """`group_starts` once a first group is up (or `timeout_s` passed)."""
         with self._cv:
             self._cv.wait_for(lambda: bool(self._starts) or self._closed, timeout_s)
             return list(self._starts)
 
-    def take(self, slot: int, timeout_s: float, size: int = 0) -> Any:
-        """The oldest waiting trial for a group of `size` ranks (0: any trial), CLOSED, RESIZE (this group
-        should end: a group of another size is wanted, `size_for`), or None after `timeout_s`."""
+    def take(self, slot: int, timeout_s: float, shape: Shape | None = None) -> Any:
+        """The oldest waiting trial for a group of `shape` (None: any trial), CLOSED, RESIZE (this group
+        should end: a group of another shape is wanted, `shape_for`), or None after `timeout_s`."""
         with self._cv:
             if slot in self._starting:  # the group's ranks are up: its start-up ends here
                 since, started, why = self._starting.pop(slot)
                 self._starts.append((started, time.time() - since, why))
                 self._cv.notify_all()
             self._resizing.pop(slot, None)
-            self._idle[slot] = size
+            self._idle[slot] = shape
             try:
-                self._cv.wait_for(lambda: self._closed or self._mine(size) is not None
+                self._cv.wait_for(lambda: self._closed or self._mine(shape) is not None
                                   or self._wanted(slot) is not None, timeout_s)
                 if self._closed:
                     return CLOSED
-                item = self._mine(size)
+                item = self._mine(shape)
                 if item is not None:
                     self._pending.remove(item)
                     self._serving[slot] = item[0]
@@ -156,26 +158,26 @@ class Queue:
         with self._cv:
             return self._began.get(trial_id), self._ended.get(trial_id)
 
-    def _mine(self, size: int) -> tuple[str, dict[str, Any], str | None, str] | None:
-        return next((p for p in self._pending if size == 0 or _size(p) in (0, size)), None)
+    def _mine(self, shape: Shape | None) -> tuple[str, dict[str, Any], str | None, str] | None:
+        return next((p for p in self._pending if _takes(shape, _shape(p))), None)
 
-    def _wanted(self, slot: int) -> int | None:
-        """The size the oldest waiting trial needs that no other idle group of that size, nor a group
-        being resized to it, will take; None when there is none (or this slot's group has that size)."""
-        for trial_size in dict.fromkeys(_size(p) for p in self._pending):
-            if trial_size == 0 or trial_size == self._idle.get(slot):
+    def _wanted(self, slot: int) -> Shape | None:
+        """The shape the oldest waiting trial needs that no other idle group of that shape, nor a group
+        being resized to it, will take; None when there is none (or this slot's group takes it)."""
+        for trial_shape in dict.fromkeys(_shape(p) for p in self._pending):
+            if _takes(self._idle.get(slot), trial_shape):
                 continue
-            waiting = sum(_size(p) == trial_size for p in self._pending)
-            coming = sum(s == trial_size for k, s in self._idle.items() if k != slot) \
-                + sum(s == trial_size for s in self._resizing.values())
+            waiting = sum(_shape(p) == trial_shape for p in self._pending)
+            coming = sum(_takes(s, trial_shape) for k, s in self._idle.items() if k != slot) \
+                + sum(s == trial_shape for s in self._resizing.values())
             if waiting > coming:
-                return trial_size
+                return trial_shape
         return None
 
-    def size_for(self, slot: int, size: int) -> int:
-        """How many ranks the slot's next group should have: the size a resize asked for, else `size`."""
+    def shape_for(self, slot: int, shape: Shape) -> Shape:
+        """The shape of the slot's next group: the one a resize asked for, else `shape`."""
         with self._cv:
-            return self._resizing.get(slot, size)
+            return self._resizing.get(slot, shape)
 
     def post(self, trial_id: str, event: dict[str, Any]) -> bool:
         """Record a report; True when the trial was cancelled (its ranks stop)."""
@@ -242,9 +244,17 @@ class Queue:
         return self._closed
 
 
-def _size(pending: tuple[str, dict[str, Any], str | None, str]) -> int:
-    """The ranks a waiting trial needs (0: any: a config from before sizes were searched)."""
-    return int(pending[1].get("num_workers") or 0)
+Shape = tuple[int, str]  # a group's ranks and accelerator type ("": not pinned)
+
+
+def _shape(pending: tuple[str, dict[str, Any], str | None, str]) -> Shape:
+    """The ranks (0: any, a config from before sizes were searched) and the type a waiting trial needs."""
+    return int(pending[1].get("num_workers") or 0), str(pending[1].get("accelerator_type") or "")
+
+
+def _takes(group: Shape | None, trial: Shape) -> bool:
+    """Whether a group of shape `group` (None: any) serves a trial of shape `trial`."""
+    return group is None or (trial[0] in (0, group[0]) and trial[1] == group[1])
 
 
 # A threaded actor: trials wait in events(), groups in take() and rank_done(), all at once.
@@ -260,16 +270,16 @@ class GroupSupervisor:
             workdir: str | None = None) -> int:
         from sweeps.service.trial import make_group_trainer
 
-        groups, size, why = 0, first_workers(spec), "first"
+        groups, shape, why = 0, first_shape(spec), "first"
         while not ray.get(queue.is_closed.remote()):
             groups += 1
-            size = int(ray.get(queue.size_for.remote(slot, size)))  # a group that ended to resize named it
-            ray.get(queue.group_starting.remote(slot, size, why))
+            shape = tuple(ray.get(queue.shape_for.remote(slot, shape)))  # a group that ended to resize named it
+            ray.get(queue.group_starting.remote(slot, shape, why))
             trainer = make_group_trainer(spec, queue, slot, f"{name}-slot{slot}-group{groups}", storage_path,
-                                         (workdir, size))
+                                         (workdir, shape))
             try:
                 trainer.fit()
-                why = "resize"  # it ended for a group of another size (or the sweep is over)
+                why = "resize"  # it ended for a group of another shape (or the sweep is over)
             except Exception as exc:  # noqa: BLE001 - the served trial fails with it; a fresh group follows
                 ray.get(queue.group_failed.remote(slot, exc))
                 logger.info("slot %d: group %d retired (%s)", slot, groups, type(exc).__name__)
@@ -299,9 +309,9 @@ class WarmPool:
         """Ask every group to finish (their Ray Train runs wind down meanwhile: see `join`)."""
         ray.get(self.queue.close.remote())
 
-    def join(self, timeout_s: float = 30.0) -> list[tuple[int, float, str]]:
+    def join(self, timeout_s: float = 30.0) -> list[tuple[Shape, float, str]]:
         """Close the pool and wait for its groups (a group still waiting for resources, e.g. the
-        replacement of one lost with its node, is stopped); returns each group that started: (size,
+        replacement of one lost with its node, is stopped); returns each group that started: (shape,
         seconds to start, why: first, resize, replace)."""
         self.close()
         ray.wait(self.runs, num_returns=len(self.runs), timeout=timeout_s)

@@ -36,6 +36,7 @@ from sweeps.search.trials import fixed_knobs, resolve_trial, worker_counts
 from sweeps.service.failures import classify
 from sweeps.service.trial import WarmFailure, warm_reports
 from sweeps.spec import PARAMS_PREFIX, CategoricalParam, FixedParam, FloatParam, IntParam, Param, SweepSpec
+from sweeps.spec.cost import accelerator_types
 
 _PROBE_STEPS = 2
 
@@ -87,9 +88,10 @@ def memory_settings(spec: SweepSpec) -> list[dict[str, Any]]:
     knobs: dict[str, Param] = {"precision": space.held("precision"), "compile": space.held("compile")}
     knobs |= {PARAMS_PREFIX + name: p for name, p in space.params.items()}
     values = [list(p.choices) if isinstance(p, CategoricalParam) else [_first(p)] for p in knobs.values()]
-    # the worker count slowest: the warm groups are resized once per count
-    return [{"num_workers": n, **dict(zip(knobs, combo, strict=True))}
-            for n in worker_counts(spec) for combo in itertools.product(*values)]
+    # the type and the worker count slowest: the warm groups change shape once per type and count; each type
+    # is probed on its own devices (its own memory)
+    return [{**({"accelerator_type": kind} if kind else {}), "num_workers": n, **dict(zip(knobs, combo, strict=True))}
+            for kind in accelerator_types(spec) for n in worker_counts(spec) for combo in itertools.product(*values)]
 
 
 def _frontier(queue: Any, spec: SweepSpec, knobs: dict[str, Any], candidates: list[int]) -> tuple[int, int, list[str], str]:
@@ -113,7 +115,8 @@ def _names(setting: dict[str, Any], searched: set[str]) -> tuple[str, str]:
     """How a probe line and its parent-run tag name one combination: `bf16-mixed, compile, params.hidden=512`
     and `bf16-mixed.compile.params.hidden.512`; uncompiled ones keep the precision's name alone."""
     parts = [str(setting["precision"])] + (["compile"] if setting["compile"] else []) \
-        + ([f"{setting['num_workers']}-workers"] if "num_workers" in searched else [])
+        + ([f"{setting['num_workers']}-workers"] if "num_workers" in searched else []) \
+        + ([str(setting["accelerator_type"])] if "accelerator_type" in searched else [])
     own = [(k, str(v)) for k, v in setting.items() if k.startswith(PARAMS_PREFIX) and k in searched]
     line = ", ".join(parts + [f"{k}={v}" for k, v in own])
     tag = ".".join(parts + [f"{k}.{v}" for k, v in own])
@@ -126,7 +129,8 @@ def probe_frontier(spec: SweepSpec, queue: Any, state: SearchState, echo: Callab
     space = spec.space
     searched = space.searched()
     others = {k: _first(p) for k, p in searched.items()
-              if k not in ("batch_size", "precision", "compile", "num_workers") and not k.startswith(PARAMS_PREFIX)}
+              if k not in ("batch_size", "precision", "compile", "num_workers", "accelerator_type")
+              and not k.startswith(PARAMS_PREFIX)}
     candidates = batch_candidates(space.held("batch_size"))
     tags: dict[str, str] = {}
     for setting in memory_settings(spec):

@@ -16,9 +16,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from sweeps.results.money import planned_usd
 from sweeps.results.outcome import MEASURED, NOT_FAILED, UNFINISHED, TrialRow, at_word
 from sweeps.search.plan import SIZE, SizeRuns, planned_trials, size_changes
-from sweeps.search.trials import first_workers, trial_clock
+from sweeps.search.trials import first_workers, max_loader_workers, trial_clock, worker_counts
 from sweeps.spec import CategoricalParam, FixedParam, SweepSpec
 from trainables.contract import DATA_PREP_S, LOOP_S, TRIAL_IN_GROUP, WARMUP_S, WARMUP_STEPS_S, WINDOW_S, cv_key_of
 
@@ -111,8 +112,10 @@ def planned_cost(spec: SweepSpec, group_start_s: float | None = None) -> str:
     else:
         each = (f"<= {warmup:g} s of warm-up + <= {window:g} s measured (budget.max_warmup_s / max_window_s): "
                 f"{rounds} x {boxed:g} s = {rounds * boxed:.0f} s")
+    money = planned_usd(spec, n, boxed, (worker_counts(spec), max_loader_workers(spec)))
     return (f"planned: {n} trial(s), {at_once} at a time, each time-boxed to {each} of training, plus each trial's "
-            f"start-up and validation (measured by the first trial: the ETA uses what each finished trial cost){groups}")
+            f"start-up and validation (measured by the first trial: the ETA uses what each finished trial cost)"
+            f"{groups}{money}")
 
 
 @dataclass(frozen=True)
@@ -333,12 +336,12 @@ def _total(rows: list[TrialRow], key: str) -> float:
     return sum(float(r.metrics[key]) for r in rows if isinstance(r.metrics.get(key), (int, float)))
 
 
-def groups_said(starts: list[tuple[int, float, str]], trials: int) -> str:
+def groups_said(starts: list[tuple[Any, float, str]], trials: int) -> str:
     """The warm groups a sweep started and what they cost: "warm worker groups: 3 started for 12 trial(s)
     (2 restarts to change the worker count, 9.1 s each; the first 12.2 s)"."""
     text = f"warm worker groups: {len(starts)} started for {trials} trial(s)"
     parts = []
-    for why, what in (("resize", "to change the worker count"), ("replace", "to replace a failed group")):
+    for why, what in (("resize", "to change the worker count (or type)"), ("replace", "to replace a failed group")):
         took = [s for _, s, w in starts if w == why]
         if took:
             parts.append(f"{len(took)} restart{'s' if len(took) != 1 else ''} {what}, {statistics.fmean(took):.1f} s each")
@@ -348,13 +351,13 @@ def groups_said(starts: list[tuple[int, float, str]], trials: int) -> str:
     return text + (f" ({'; '.join(parts)})" if parts else "")
 
 
-def overhead_line(rows: list[TrialRow], wall_s: float, groups: list[tuple[int, float, str]] | None,
+def overhead_line(rows: list[TrialRow], wall_s: float, groups: list[tuple[Any, float, str]] | None,
                   probe_s: float = 0.0) -> str:
     """Where the sweep's wall time went: the memory probe, the trials' own loops (warm-up with any
     compilation, the measured windows, validation and the rest) and what is left, the service's own
     cost (scheduling, worker start-up, tracking), per trial that ran. A trial that failed before its
     final report has no loop time: its time falls in the service's share, and the line says so.
-    `groups`: each warm group started (size, seconds to start, why), None without warm groups."""
+    `groups`: each warm group started (shape, seconds to start, why), None without warm groups."""
     mode = groups_said(groups, len(rows)) if groups is not None else "one Ray Train run per trial"
     ended = [r for r in rows if isinstance(r.metrics.get(LOOP_S), (int, float))]
     if not ended:

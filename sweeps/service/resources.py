@@ -80,6 +80,57 @@ def refuse_if_never_fits(spec: SweepSpec, resources: dict[str, float]) -> None:
         raise SpecError(f"sweep {spec.name}", problems)
 
 
+def node_types(spec: SweepSpec, nodes: list[dict[str, Any]]) -> dict[str, int]:
+    """The accelerator types the cluster's live nodes carry and how many nodes of each: a GPU node's type
+    as Ray names it (its `accelerator_type:<T>` resource), a CPU node's by its `scaling.type_label` label."""
+    found: dict[str, int] = {}
+    for node in nodes:
+        if not node.get("Alive", True):
+            continue
+        if spec.scaling.use_gpu:
+            kinds = [k.split(":", 1)[1] for k in node.get("Resources", {}) if k.startswith("accelerator_type:")]
+        else:
+            kinds = [v for k, v in (node.get("Labels") or {}).items() if k == spec.scaling.type_label]
+        for kind in kinds:
+            found[kind] = found.get(kind, 0) + 1
+    return found
+
+
+def refuse_missing_types(spec: SweepSpec, nodes: list[dict[str, Any]]) -> None:
+    """Every accelerator type the trials may be pinned to must be on some node of the cluster, or its
+    trials would wait for it forever."""
+    from sweeps.spec.cost import accelerator_types
+
+    wanted = [k for k in accelerator_types(spec) if k]
+    have = node_types(spec, nodes)
+    missing = [k for k in wanted if k not in have]
+    if not missing:
+        return
+    field = "space.accelerator_type" if spec.space.accelerator_type is not None else "scaling.accelerator_type"
+    how = ("a GPU node of that type (Ray names it from the GPU: H100, A100, L4)" if spec.scaling.use_gpu else
+           f"a node started with that label (`ray start --labels {spec.scaling.type_label}={missing[0]}`)")
+    carried = ", ".join(f"{k} ({n} node{'s' if n != 1 else ''})" for k, n in sorted(have.items())) or "none"
+    raise SpecError(f"sweep {spec.name}", [SpecProblem(field, f"no node of this cluster is of type "
+                                                       f"{', '.join(missing)} (its types: {carried}); add {how}, or "
+                                                       "drop the type from the spec")])
+
+
+def this_node() -> dict[str, Any]:
+    """This machine as Ray would register it, for `sweeps validate --here`: its GPU type (Ray's own name for
+    it, where an NVIDIA GPU is visible) and no labels (a local `sweeps run` starts Ray without any)."""
+    resources: dict[str, float] = {}
+    if this_machine()["GPU"]:
+        try:
+            from ray._private.accelerators import NvidiaGPUAcceleratorManager
+
+            kind = NvidiaGPUAcceleratorManager.get_current_node_accelerator_type()
+        except Exception:  # noqa: BLE001 - no NVML here: the type is not known, and none is claimed
+            kind = None
+        if kind:
+            resources[f"accelerator_type:{kind}"] = 1.0
+    return {"Alive": True, "Labels": {}, "Resources": resources}
+
+
 # Ray Train V2 settings for every Train run a sweep starts, on a cluster too (inside `ray job submit`,
 # where the job's runtime env is the user's): the controller polls its workers every 0.5 s instead of
 # 2 s (a cold trial's reports are taken once per poll: its final report waited up to 2 s, and a queue of

@@ -14,7 +14,7 @@ from sweeps.results.outcome import SweepOutcome
 from sweeps.service.connect import connect_ray, sigterm_as_sigint
 from sweeps.service.controller import SweepController
 from sweeps.service.progress import TERMINAL
-from sweeps.service.resources import local_runtime_env, refuse_if_never_fits
+from sweeps.service.resources import local_runtime_env, refuse_if_never_fits, refuse_missing_types
 from sweeps.service.state import (
     SweepExists,
     SweepState,
@@ -23,7 +23,7 @@ from sweeps.service.state import (
     outputs_root,
     sweep_lock,
 )
-from sweeps.spec import SweepSpec
+from sweeps.spec import SpecError, SweepSpec
 from sweeps.store import absolute_uri
 from sweeps.tracking import SweepTracker
 
@@ -59,6 +59,14 @@ def run_sweep(spec: SweepSpec, spec_text: str, echo: Callable[[str], None] = ech
             with sigterm_as_sigint():  # after ray.init, whose own SIGTERM handler aborts the process
                 if started_ray:  # this machine is the whole cluster: no autoscaler will bring more
                     refuse_if_never_fits(spec, ray.cluster_resources())
+                try:  # every accelerator type the trials are pinned to, on some node
+                    refuse_missing_types(spec, ray.nodes())
+                except SpecError as exc:
+                    if started_ray:
+                        raise
+                    # a cluster's autoscaler may add such a node when a trial asks for it (Ray >= 2.50 scales up
+                    # for label selectors): said, not refused
+                    echo(f"WARNING: {exc.problems[0].message}; its trials wait until the autoscaler adds one")
                 return SweepController(spec, spec_text, echo, state, tracker).run()
         finally:
             if started_ray:

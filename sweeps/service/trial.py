@@ -18,7 +18,7 @@ from typing import Any
 
 from ray import tune
 
-from sweeps.search.trials import first_workers, max_loader_workers, resolve_trial
+from sweeps.search.trials import first_shape, max_loader_workers, resolve_trial
 from sweeps.service.failures import HALT_KINDS, TRANSIENT_KINDS, TrialFailure, classify
 from sweeps.service.resources import TRAIN_RUN_ENV
 from sweeps.spec import ScalingSpec, SweepSpec
@@ -140,6 +140,16 @@ class Ranks:
     num_workers: int
     cpus_per_rank: float  # the rank's own cores and its loader workers' share
     timeout_s: float  # the process group's timeout (a hung peer)
+    accelerator_type: str = ""  # every rank on this type ("": any)
+
+    def pinned(self) -> dict[str, Any]:
+        """How Ray Train pins the ranks to the type: a GPU type by Ray's own accelerator type, a CPU node
+        type by its nodes' label (`scaling.type_label`)."""
+        if not self.accelerator_type:
+            return {}
+        if self.scaling.use_gpu:
+            return {"accelerator_type": self.accelerator_type}
+        return {"label_selector": {self.scaling.type_label: self.accelerator_type}}
 
 
 def _torch_trainer(train_fn: Any, config: dict[str, Any], ranks: Ranks, name: str, storage_path: str,
@@ -162,7 +172,7 @@ def _torch_trainer(train_fn: Any, config: dict[str, Any], ranks: Ranks, name: st
             # the rank's own cores and its loader workers' share: loader processes run on cores that
             # would otherwise be counted free for another rank or trial (and bias the searched knob)
             resources_per_worker={"CPU": ranks.cpus_per_rank, "GPU": scaling.gpus_per_worker},
-            accelerator_type=scaling.accelerator_type,
+            **ranks.pinned(),
         ),
         run_config=ray.train.RunConfig(
             name=name,
@@ -181,26 +191,27 @@ def make_trainer(cfg: TrialConfig, scaling: ScalingSpec, name: str, storage_path
     from trainables.pool_worker import WORKDIR, cold_worker
 
     ranks = Ranks(scaling, cfg.num_workers or scaling.num_workers, scaling.cpus_per_rank(cfg.num_dataloader_workers),
-                  cfg.collective_timeout_s)
+                  cfg.collective_timeout_s, cfg.accelerator_type)
     return _torch_trainer(cold_worker, {"trial": cfg.to_dict(), WORKDIR: workdir}, ranks, name, storage_path, callbacks)
 
 
 def make_group_trainer(spec: SweepSpec, queue: Any, slot: int, name: str, storage_path: str,
-                       group: tuple[str | None, int | None] = (None, None)) -> Any:
-    """A warm group (`group`: every rank's working directory, as `make_trainer`'s, and its number of ranks,
-    default the spec's first count): a `TorchTrainer` whose ranks serve the trials of that size in `queue`
-    until it closes or asks for another size. Each rank holds what the largest trial of the space needs
-    (loader workers included) for as long as it lives."""
+                       group: tuple[str | None, tuple[int, str] | None] = (None, None)) -> Any:
+    """A warm group (`group`: every rank's working directory, as `make_trainer`'s, and its shape: its
+    number of ranks and accelerator type, default the spec's first): a `TorchTrainer` whose ranks serve
+    the trials of that shape in `queue` until it closes or asks for another shape. Each rank holds what
+    the largest trial of the space needs (loader workers included) for as long as it lives."""
     from trainables.pool_worker import WORKDIR, pool_worker
 
-    workdir, num_workers = group
+    workdir, shape = group
+    size, kind = shape or first_shape(spec)
     # An idle group's ranks wait together, one short poll at a time: well inside the process-group
     # timeout, or a short budget.collective_timeout_s would end an idle group (rank 1 waits in a broadcast)
     poll_s = min(2.0, spec.budget.collective_timeout_s / 4)
-    ranks = Ranks(spec.scaling, num_workers or first_workers(spec), spec.scaling.cpus_per_rank(max_loader_workers(spec)),
-                  spec.budget.collective_timeout_s)
+    ranks = Ranks(spec.scaling, size, spec.scaling.cpus_per_rank(max_loader_workers(spec)),
+                  spec.budget.collective_timeout_s, kind)
     return _torch_trainer(pool_worker, {"queue": queue, "slot": slot, "group": name, WORKDIR: workdir,
-                                        "idle_poll_s": poll_s}, ranks, name, storage_path)
+                                        "idle_poll_s": poll_s, "shape": (size, kind)}, ranks, name, storage_path)
 
 
 class WarmFailure(Exception):

@@ -103,8 +103,9 @@ class ObjectiveSpec(BaseModel):
                 raise ValueError("a metric name, or a list of them (multi-objective)")
             known_metric(m)
             if m in SWEEP_LEVEL_METRICS:
+                instead = "cost/usd_to_target or cost/usd_per_1m_<unit>" if m.startswith("cost/") else TIME_TO_TARGET_S
                 raise ValueError(f"{m} is computed by the sweep after its trials end, so trials cannot be ranked "
-                                 f"by it while the search runs; rank by {TIME_TO_TARGET_S} (measured) instead")
+                                 f"by it while the search runs; rank by {instead} (measured) instead")
         return metric
 
     @field_validator("mode", mode="before")

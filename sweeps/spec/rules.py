@@ -208,6 +208,41 @@ def the_trainables_own_params_declared(spec: SweepSpec) -> str:
     return ""
 
 
+def money_needs_prices(spec: SweepSpec) -> str:
+    """objective: cost/... needs prices: add a cost section ..."""
+    named = [*spec.objective.metrics, *(c.metric for c in spec.objective.constraints)]
+    money = next((m for m in named if m.startswith("cost/")), None)
+    if money is not None and spec.cost is None:
+        return (f"objective: {money} needs prices: add a cost section (cost.prices or cost.price_file: each "
+                "accelerator type's price per device-hour, with its date and source)")
+    return ""
+
+
+def every_type_priced(spec: SweepSpec) -> str:
+    """cost: no price for <type> (a type the trials may run on); price it, or drop it from the space"""
+    from sweeps.spec.cost import accelerator_types, priced_type
+
+    if spec.cost is None:
+        return ""
+    for kind in accelerator_types(spec):
+        priced = priced_type(spec, kind)
+        if priced is None:
+            return (f"cost: the trials are not pinned to a GPU type and {len(spec.cost.prices)} types are priced; "
+                    "pin one (scaling.accelerator_type, or search space.accelerator_type)")
+        if spec.cost.price(priced) is None:
+            return (f"cost: no price for {priced} (a type the trials may run on; priced: "
+                    f"{', '.join(sorted(spec.cost.prices))}); price it, or drop it from the space")
+    return ""
+
+
+def the_type_in_one_place(spec: SweepSpec) -> str:
+    """scaling.accelerator_type and space.accelerator_type are both given; keep one ..."""
+    if spec.space.accelerator_type is not None and spec.scaling.accelerator_type is not None:
+        return ("scaling.accelerator_type and space.accelerator_type are both given; keep one (space.accelerator_type "
+                "to search it, e.g. {type: categorical, choices: [A100, H100]})")
+    return ""
+
+
 RULES: tuple[Callable[[SweepSpec], str], ...] = (
     objective_in_the_workloads_unit,
     asha_ranks_by_one_metric,
@@ -228,6 +263,9 @@ RULES: tuple[Callable[[SweepSpec], str], ...] = (
     a_grid_runs_each_point_once,
     the_worker_count_in_one_place,
     the_trainables_own_params_declared,
+    money_needs_prices,
+    every_type_priced,
+    the_type_in_one_place,
 )
 
 

@@ -189,8 +189,12 @@ class ScalingSpec(BaseModel):
     use_gpu: bool = Field(default=False, description="train on GPUs over NCCL, one per rank (else CPUs over gloo)")
     cpus_per_worker: int = Field(default=1, ge=1, description="CPU cores each rank reserves (its torch threads)")
     gpus_per_worker: float = Field(default=0.0, ge=0, description="GPUs per rank: 1 with use_gpu (set for you)")
-    accelerator_type: str | None = Field(default=None, description="Ray's accelerator label (e.g. H100, A100): "
-                                         "every rank of every trial lands on this GPU type")
+    accelerator_type: str | None = Field(default=None, description="pin every rank of every trial to one type: a GPU "
+                                         "type by the name Ray labels it with (e.g. H100, A100), or on CPU a node "
+                                         "type named by the nodes' type_label; search it as space.accelerator_type")
+    type_label: str = Field(default="accelerator-type", min_length=1, description="on CPU: the node label whose "
+                            "value names a node's type (`ray start --labels accelerator-type=c7i`); GPU nodes carry "
+                            "Ray's own accelerator type")
     cpus_per_loader_worker: float = Field(default=1.0, ge=0, description="CPUs reserved for each dataloader "
                                           "worker process of a rank, on top of cpus_per_worker")
     reuse_workers: bool = Field(default=True, description="warm worker groups: one long-lived Ray Train group per "
@@ -219,8 +223,6 @@ class ScalingSpec(BaseModel):
                    "the DDP loop drives one GPU per rank; the others would sit idle while counted in MFU")
             raise ValueError(f"gpus_per_worker must be 1 with use_gpu ({why}); for more GPUs per trial raise "
                              "num_workers (one rank per GPU)")
-        if self.accelerator_type is not None and not self.use_gpu:
-            raise ValueError("accelerator_type pins GPU workers to a GPU type; it needs use_gpu: true")
         return self
 
 

@@ -40,7 +40,8 @@ class _Space(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     num_workers: Param | None = Field(default=None, description=f"{KNOBS['num_workers'][2].help}; default: "
                                       "scaling.num_workers")
-    if TYPE_CHECKING:  # a field of SpaceSpec (last: `_fields`)
+    if TYPE_CHECKING:  # fields of SpaceSpec, made from the declaration (`_fields`); named here for the checker
+        accelerator_type: Param | None = None
         params: dict[str, Param] = {}
 
     def param(self, knob: str) -> Param | None:
@@ -123,11 +124,16 @@ class _Space(BaseModel):
     def grid_points(self) -> list[dict[str, Scalar]]:
         """Every combination once; batch size varies fastest (ascending), so an out-of-memory
         batch is met before the larger ones it rules out (the classic precision x batch table);
-        the worker count slowest, so a warm group serves all trials of its size before it is resized."""
+        the accelerator type and the worker count slowest, so a warm group serves all trials of its type and
+        size before it is replaced."""
         values = self.grid_values()
         rank = {k: i for i, k in enumerate(self._all())}
-        order = sorted(values, key=lambda k: (k != "num_workers", k == "batch_size", rank[k]))
+        order = sorted(values, key=lambda k: (k not in _GROUP_KEYS, _GROUP_KEYS.index(k) if k in _GROUP_KEYS else 0,
+                                              k == "batch_size", rank[k]))
         return [dict(zip(order, combo, strict=True)) for combo in itertools.product(*(values[k] for k in order))]
+
+
+_GROUP_KEYS = ("accelerator_type", "num_workers")  # what a warm group is made for: they vary slowest
 
 
 def _fields() -> dict[str, Any]:

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from sweeps.spec.cost import CostSpec
 from sweeps.spec.errors import RuleProblems
 from sweeps.spec.objective import ObjectiveSpec
 from sweeps.spec.params import STRICT
@@ -49,6 +50,8 @@ class SweepSpec(BaseModel):
     lr_scaling: LrScalingSpec | None = Field(default=None, description="scale the searched lr with each trial's global "
                                             "batch size (none: every trial runs the searched lr)")
     quality: QualitySpec = Field(default_factory=QualitySpec, description="the convergence guardrail at equal data")
+    cost: CostSpec | None = Field(default=None, description="what each accelerator type costs per device-hour, with "
+                                  "the date and source of each price: the money figures (none without it)")
     storage_path: str = Field(default="ray_results", description="where the sweep keeps its state (sweep.json, Tune's "
                               "experiment, trial checkpoints) and its lock; relative: to the working directory, or "
                               "inside a `ray job submit --working-dir` job to $SWEEPS_HOME (default ~/sweeps)")
