@@ -120,6 +120,10 @@ class SweepTracker:
     def trial_ended(self, trial_id: str, ok: bool, kind: str, reason: str, tags: dict[str, str]) -> None:
         self._do("end_trial", trial_id, ok, kind, reason, tags)
 
+    def trial_files(self, trial_id: str, folder: str, artifact_path: str) -> None:
+        """Log a folder's files as the trial run's artifacts under `artifact_path` (e.g. its ranks' traces)."""
+        self._do("log_files", trial_id, folder, artifact_path)
+
     def _experiment(self, name: str) -> str:
         found = self.client.get_experiment_by_name(name)
         if found is not None:
@@ -202,6 +206,10 @@ class SweepTracker:
         tags = [RunTag(k, v) for k, v in result.items() if isinstance(v, str) and METRIC_KEY.match(k)]
         if metrics or tags:
             self.client.log_batch(run_id, metrics=metrics, tags=tags)
+
+    def log_files(self, trial_id: str, folder: str, artifact_path: str) -> None:
+        if Path(folder).is_dir():  # gone (a re-run call after the sweep cleaned up): nothing left to log
+            self.client.log_artifacts(self._children[trial_id], folder, artifact_path)
 
     def end_trial(self, trial_id: str, ok: bool, kind: str = "ok", reason: str = "", tags: dict[str, str] | None = None) -> None:
         run_id = self._children[trial_id]

@@ -177,7 +177,7 @@ objective:  # two objectives and a bound: the result is a Pareto front of the fe
   metric: [throughput/samples_per_s, loss/val]
   mode: [max, min]
   constraints: [{{metric: loss/val, max: 1000.0}}]
-budget: {{num_trials: 3, num_steps: 30, num_warmup_steps: 3, report_interval_s: 0.01}}
+budget: {{num_trials: 3, num_steps: 30, num_warmup_steps: 4, report_interval_s: 0.01}}
 scaling: {{num_workers: 2, cpus_per_worker: 1}}
 telemetry: {{period_s: 0.05}}
 tracking: {{uri: "sqlite:///{db}", experiment: test-exp}}

@@ -26,7 +26,7 @@ space:
   batch_size: {{type: categorical, choices: [32, 64]}}
   lr: 1.0e-3
 search: {{algorithm: grid}}
-budget: {{num_trials: 4, num_steps: 20, num_warmup_steps: 2, report_interval_s: 0.5}}
+budget: {{num_trials: 4, num_steps: 20, num_warmup_steps: 4, report_interval_s: 0.5}}
 telemetry: {{period_s: 0}}
 tracking: {{uri: "sqlite:///{db}", experiment: ranks}}
 storage_path: {storage}
@@ -56,6 +56,10 @@ def test_one_and_two_ranks_in_one_sweep_on_warm_groups_of_both_sizes(ray_cluster
         assert logged.metrics[ALLREDUCE_WAIT_PCT] >= 0.0
         assert logged.params["global_batch_size"] == str(2 * t.params["batch_size"])
         assert f"against 1 rank (trial {twin.number}" in logged.tags["sweep.verdict_reason"]
+        # the trace of both ranks, cited with the rank that waited most in the all-reduce (warm groups)
+        assert "trace (warm-up steps 2-3): compute" in logged.tags["sweep.verdict_reason"]
+        assert logged.metrics["trace/comm_pct"] >= logged.metrics["trace/comm_exposed_pct"] >= 0
+        assert len(client.list_artifacts(children[t.trial_id].info.run_id, "trace")) == 2
     for t in by_size[1]:
         assert SCALING_EFFICIENCY_PCT not in children[t.trial_id].data.metrics
         assert ALLREDUCE_WAIT_PCT not in children[t.trial_id].data.metrics

@@ -61,6 +61,11 @@ def test_sweep_logs_parent_and_child_runs(small_sweep: tuple) -> None:
             assert child.data.tags["sweep.verdict_reason"]
             # interim reports make step-indexed time series
             assert len(client.get_metric_history(child.info.run_id, "cpu/worker_util_mean_pct")) >= 2
+            # the trace of its last 2 warm-up steps (2 and 3), on both ranks: split, cited, kept with the run
+            assert child.data.tags["trace/steps"] == "2-3" and "trace/compute_pct" in child.data.metrics
+            assert "trace (warm-up steps 2-3): compute" in child.data.tags["sweep.verdict_reason"]
+            kept = {a.path for a in client.list_artifacts(child.info.run_id, "trace")}
+            assert kept == {"trace/rank-0.pt.trace.json.gz", "trace/rank-1.pt.trace.json.gz"}, kept
 
 
 def test_the_image_workload_learns_on_two_gloo_ranks_in_a_ray_train_run_of_its_own(

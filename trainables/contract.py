@@ -69,6 +69,14 @@ EVALS = "progress/evals"  # periodic evaluations run
 PREDICT_TIME_TO_TARGET_S = "predict/time_to_target_s"  # the noise-scale model's estimate (the sweep adds it)
 QUALITY_GAP_PCT = "quality/gap_pct"  # loss/val vs the sweep's fp32 reference at equal data (the sweep adds it)
 PREDICT_ERROR_PCT = "predict/error_pct"  # predicted / measured time to target - 1, % (the sweep adds it)
+# The profiler trace of the last warm-up steps (trainables.trace)
+TRACE_S = "time/trace_s"  # what splitting and keeping the trace took (max over ranks), in warm-up's time
+TRACE_SKIPPED = "trace/skipped"  # a tag: why a trial has no trace figures
+TRACE_EXPOSED_MAX_PCT = "trace/comm_exposed_max_pct"
+TRACE_EXPOSED_MAX_RANK = "trace/comm_exposed_max_rank"
+TRACE_STEP_MS = "trace/step_ms"
+TRACE_STEPS = "trace/steps"  # a tag: the warm-up steps traced, "3-4"
+TRACE_PER_RANK = "trace/per_rank"  # a tag: each rank's split in words
 # Money (the spec's prices; trainables.metrics says how each is computed)
 USD_PER_HOUR = "cost/usd_per_hour"
 USD_TO_TARGET = "cost/usd_to_target"
@@ -224,6 +232,8 @@ class TrialConfig(LoopKnobs):
     max_window_s: float = 0.0  # ... and ends once it lasts this long (fewer steps than num_steps if needed; 0: off)
     max_warmup_s: float = 0.0  # warm-up ends once its timed steps (from step 1) last this long (0: off)
     usd_per_hour: float = 0.0  # what the trial's devices cost per hour (the spec's prices; 0: unpriced, no cost/*)
+    trace_steps: int = 0  # profile the last this many warm-up steps on every rank (trainables.trace; 0: off)
+    trace_dir: str | None = None  # keep each rank's gzipped trace here (None: split, not kept)
 
     def __post_init__(self) -> None:
         for name, (kind, _, k) in KNOBS.items():  # the loop's knobs, by their one declaration

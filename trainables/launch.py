@@ -89,6 +89,11 @@ def _parse(argv: list[str] | None) -> tuple[Path | None, TrialConfig]:
                    "'eval/accuracy>=0.9' (needs --eval-every-steps)")
     p.add_argument("--no-grad-noise-scale", dest="grad_noise_scale", action="store_false",
                    help="do not measure stats/grad_noise_scale")
+    p.add_argument("--trace-steps", type=int, default=0, help="profile the last N warm-up steps on every rank and "
+                   "report where their time went (trace/*; needs --num-warmup-steps >= N + 2)")
+    p.add_argument("--trace-dir", default=None, help="keep each rank's gzipped trace here (with --trace-steps)")
+    p.add_argument("--usd-per-hour", type=float, default=0.0, help="what this run's devices cost per hour: adds "
+                   "cost/usd_per_hour and cost/usd_per_1m_<unit> to every report")
     p.add_argument("--checkpoint-dir", type=Path, default=None,
                    help="keep the latest checkpoint here and resume from it on (re)start (torchrun --max-restarts)")
     a = p.parse_args(argv)
@@ -113,7 +118,8 @@ def _parse(argv: list[str] | None) -> tuple[Path | None, TrialConfig]:
         min_window_s=a.min_window_s,
         max_window_s=a.max_window_s,
         max_warmup_s=a.max_warmup_s,
-        grad_noise_scale=a.grad_noise_scale, **target,
+        grad_noise_scale=a.grad_noise_scale, trace_steps=a.trace_steps, trace_dir=a.trace_dir,
+        usd_per_hour=a.usd_per_hour, **target,
     )
 
 

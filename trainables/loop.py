@@ -63,6 +63,7 @@ from trainables.length import TrialLength
 from trainables.loader import close_loader, make_loader, stream
 from trainables.noise_scale import grads_sq
 from trainables.reporting import Reporter, priced
+from trainables.trace import Tracer
 from trainables.window import MeasuredWindow, all_reduce, spread
 
 _spread = spread  # the name tests import from here
@@ -137,6 +138,7 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
     batches = stream(loader, sampler, needed=length.batches_needed)
     t.m.model.train()
     evals.start_clock()  # time to target counts from the first step, evaluations included
+    tracer = Tracer(0 if cfg.probe else cfg.trace_steps, cfg.trace_dir, t.rank, t.world, device)
     step = 0
     try:
         while step < length.last_step():
@@ -144,10 +146,13 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
                 where.at("warmup-box", step)
                 length.box_warmup(step, all_reduce([win.warm_span()], device, op="max")[0])
             if step == length.warmup_steps:  # the measured window begins
+                where.at("trace", step)  # the last warm-up steps' trace, split on every rank: warm-up's time
+                run.traced = tracer.finish(all_reduce)
                 where.at("boundary", step)
                 run.begin_window(step)
             elif step == 1:
                 win.calibration_starts()
+            tracer.before(step, length.warmup_steps)
             micros, need = length.micro_plan(step)  # a whole step, or the equal-data budget's cut tail
             seen, oom = run.step_or_oom(batches, micros, need, step)
             length.seen += seen
@@ -159,6 +164,7 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
             if run.scheduler is not None:
                 run.scheduler.step()
             t.m.optimizer.zero_grad(set_to_none=True)
+            tracer.after(step)
             step += 1
             evaluated: dict[str, Any] = {}  # this step's evaluation, for the report after it
             if evals.due(step):
@@ -173,6 +179,7 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
         final: dict[str, Any] = win.report(length.total(win.steps), final=True) if win.measuring else {
             contract.STEPS: 0, contract.WORLD_SIZE: t.world, contract.FINAL: 0}
     except BaseException:  # stop loader workers now: a kept traceback would keep them registered
+        tracer.close()
         close_loader(loader, batches)
         if t.inst.telemetry is not None:  # and the sampler thread (a warm worker goes on to the next trial)
             t.inst.telemetry.stop()
@@ -205,6 +212,7 @@ class _Run:
                                   t.world if t.m.ddp is not None else cfg.grad_accum_steps)
         self.evals = Evaluator(cfg, self.win.timer, self.validate)
         self.saved = Saved(t.m.model, t.m.optimizer, t.m.scaler, self.scheduler)  # what a checkpoint holds
+        self.traced: dict[str, Any] = {}  # the trace's figures (trainables.trace), once warm-up ended
 
     def run_step(self, batches: Iterator[Any], micros: int, need: int, step: int) -> int:
         """One optimizer step of `micros` micro-batches (the last cut to `need` items on this rank, when
@@ -331,6 +339,7 @@ class _Run:
         (seen_all,) = all_reduce([float(length.seen)], device)
         final[contract.seen_key(t.m.wl.unit)] = int(seen_all)
         final.update(evals.figures())
+        final.update(self.traced)  # where the traced warm-up steps' time went (or why there is no trace)
         final[contract.FINAL] = 1
         if length.done_before:
             final[contract.RESTORED_FROM] = length.done_before

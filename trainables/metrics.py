@@ -35,6 +35,7 @@ class Metric:
 _NO_GPU = "no NVIDIA GPU (NVML) on a rank"
 _NO_DDP = "one rank"
 _NO_TARGET = "no `objective.target`, or the target was missed"
+_NO_TRACE = "no trace: `telemetry.trace: 0`, warm-up too short for it (`trace/skipped` says why)"
 _UNPRICED = "no price for the trial's accelerator type (no `cost` section)"
 
 METRICS: tuple[Metric, ...] = (
@@ -139,6 +140,30 @@ METRICS: tuple[Metric, ...] = (
            "peak, copied onto every trial scored against it (with `matmul/<precision>_emulated`): its verdict knows "
            "whether the precision is emulated", "a GPU trial, or no doctor figures", final_only=True,
            sweep_level=True, nameable=False),
+    Metric("trace/compute_pct", "%", "of the traced warm-up steps' wall time, in operators on the training thread "
+           "(CPU: its `cpu_op` events outside `c10d::`; GPU: Holistic Trace Analysis' compute time), mean over ranks",
+           _NO_TRACE, final_only=True),
+    Metric("trace/data_wait_pct", "%", "... waiting for the next batch (the DataLoader's `__next__` on the training "
+           "thread), mean over ranks", _NO_TRACE, final_only=True),
+    Metric("trace/comm_exposed_pct", "%", "... with the gradient all-reduce running and the training thread neither "
+           "computing nor waiting for data: communication compute did not hide, mean over ranks", _NO_TRACE,
+           final_only=True),
+    Metric("trace/idle_pct", "%", "... none of these: Python and framework overhead between operators, other waits "
+           "(GPU: the GPU idle); compute + data wait + exposed communication + idle = 100", _NO_TRACE, final_only=True),
+    Metric("trace/comm_pct", "%", "... with communication running, hidden or not (CPU: gloo's spans on its "
+           "`pt_gloo_runloop` threads)", _NO_TRACE, final_only=True),
+    Metric("trace/memcpy_pct", "%", "GPU: ... in memory-copy kernels (Holistic Trace Analysis' kernel breakdown)",
+           "a CPU trial, or no trace", final_only=True),
+    Metric("trace/comm_exposed_max_pct", "%", "the largest rank's `trace/comm_exposed_pct`", _NO_TRACE,
+           final_only=True),
+    Metric("trace/comm_exposed_max_rank", "rank", "which rank that is", _NO_TRACE, final_only=True, nameable=False),
+    Metric("trace/step_ms", "ms", "a traced step's wall time (the slowest rank's)", _NO_TRACE, final_only=True),
+    Metric("time/trace_s", "s", "what splitting and keeping the trace took (max over ranks), in warm-up's time",
+           "`telemetry.trace: 0`, or a probe trial", final_only=True),
+    Metric("trace/steps", "tag", "the warm-up steps traced, e.g. `3-4`", _NO_TRACE, final_only=True, nameable=False),
+    Metric("trace/per_rank", "tag", "each rank's split in words", _NO_TRACE, final_only=True, nameable=False),
+    Metric("trace/skipped", "tag", "why a trial has no trace figures (warm-up too short, the split failed)",
+           "a trace was split", final_only=True, nameable=False),
     Metric("cost/usd_per_hour", "$/h", "what the trial's devices cost per hour: its accelerator type's price "
            "(`cost.prices`: per GPU-hour, or per core-hour on CPU) x its devices (its GPUs, or the CPU cores it "
            "reserved: the param `cpus_reserved`)", _UNPRICED),

@@ -170,6 +170,33 @@ def _breakdown(plt: Any, ranked: list[TrialRow], metric: str) -> tuple[Any, str 
     return fig, None
 
 
+_TRACE_PARTS = (("compute", "compute", "#1f77b4"), ("comm_exposed", "exposed all-reduce", "#9467bd"),
+                ("data_wait", "waiting for data", "#d62728"), ("idle", "idle (overhead, other waits)", "#c7c7c7"))
+TRACE_HOW_TO_OPEN = ("Each trial's MLflow run keeps one trace per rank, trace/rank-N.pt.trace.json.gz (its last warm-up "
+                     "steps): download it from the run's artifacts and open it in Perfetto (ui.perfetto.dev) or "
+                     "chrome://tracing.")
+
+
+def _trace_bars(plt: Any, ranked: list[TrialRow], metric: str) -> Any:
+    """One stacked bar per trial (best first) from its profiler trace: compute, exposed all-reduce, data
+    wait, idle (they sum to 100); None when no trial has a trace."""
+    rows = [t for t in ranked if _num(t.metrics.get("trace/compute_pct")) is not None][:TOP_N]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(min(12.0, max(6.0, 0.3 * len(rows) + 2.5)), 4))
+    xs, bottom = list(range(len(rows))), [0.0] * len(rows)
+    for part, label, color in _TRACE_PARTS:
+        values = [_num(t.metrics.get(f"trace/{part}_pct")) or 0.0 for t in rows]
+        ax.bar(xs, values, 0.8, bottom=bottom, label=label, color=color)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    shown = _thin(xs)
+    ax.set_xticks(shown, [f"#{rows[i].number}" for i in shown], rotation=90 if len(shown) > 12 else 0, fontsize=8)
+    ax.set(ylim=(0, 100), ylabel="% of a traced step (mean over ranks)", xlabel=f"trial, best {metric} first")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
+    ax.set_title("where a traced step went (profiler trace of the last warm-up steps)", fontsize=11)
+    return fig
+
+
 def _scaling(plt: Any, outcome: SweepOutcome, ok: list[TrialRow]) -> Any:
     """Throughput (left) and scaling efficiency (right) against ranks, one line per configuration (the
     other knobs that varied); None unless some configuration ran on two worker counts or more."""
@@ -269,6 +296,12 @@ def figures(outcome: SweepOutcome, history: Callable[[str, str], list[tuple[int,
         figs["step_time_breakdown.png"] = bars
     elif why:
         skipped.append(why)
+
+    traced = _trace_bars(plt, outcome.ranked(), metric)
+    if traced is not None:
+        figs["trace_breakdown.png"] = traced
+    else:
+        skipped.append("trace_breakdown.png: no finished trial has a trace (telemetry.trace: 0, or warm-up too short)")
 
     scaled = _scaling(plt, outcome, ok) if outcome.spec.space.num_workers is not None else None
     if scaled is not None:
@@ -395,6 +428,7 @@ trials finished; click a header to sort, a trial to open its MLflow run.</small>
 <textarea id="fragment" readonly rows="{fragment.count(chr(10)) + 2}">{e(fragment)}</textarea><br>
 <button onclick="copyFragment()">Copy</button> <span id="copied"></span>
 <h2>Figures</h2>{imgs}{f"<h3>Not drawn</h3><ul>{notes}</ul>" if notes else ""}
+{f"<p><small>{e(TRACE_HOW_TO_OPEN)}</small></p>" if "trace_breakdown.png" in images else ""}
 <script>{_SCRIPT}</script></body></html>"""
 
 

@@ -330,6 +330,38 @@ RULES: tuple[Rule, ...] = (
 )
 
 
+# -- the trace: cited, and followed where a counter disagrees with it -------------------------------
+
+TRACE_DISAGREES_PTS = 5.0  # a counter and the trace further apart than this: the verdict says so and follows the trace
+# (counter, the trace's figure for the same thing, its words)
+_TRACED = ((DATA_WAIT_PCT, "trace/data_wait_pct", "data wait"),
+           (ALLREDUCE_WAIT_PCT, "trace/comm_exposed_pct", "all-reduce wait backward did not hide"))
+
+
+def trace_view(metrics: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The figures the rules read, with the trace's where a counter disagrees with it by more than
+    `TRACE_DISAGREES_PTS` (the trace saw where each step's time went; a counter infers it), and what the
+    verdict says of the trace: its split, the rank that waited most, each disagreement. No trace: the
+    figures as they are, nothing said."""
+    compute = pct(metrics, "trace/compute_pct")
+    if compute is None:
+        return metrics, ""
+    followed, notes = dict(metrics), []
+    for counter, traced, words in _TRACED:
+        c, t = pct(metrics, counter), pct(metrics, traced)
+        if c is not None and t is not None and abs(c - t) > TRACE_DISAGREES_PTS:
+            followed[counter] = t
+            notes.append(f"the counter {counter} said {c:.0f}% {words}, the trace {t:.0f}%: following the trace")
+    steps = metrics.get("trace/steps")
+    said = (f"; trace{f' (warm-up steps {steps})' if steps else ''}: compute {compute:.0f}%, "
+            f"exposed all-reduce {pct(metrics, 'trace/comm_exposed_pct') or 0:.0f}%, "
+            f"data wait {pct(metrics, 'trace/data_wait_pct') or 0:.0f}%, idle {pct(metrics, 'trace/idle_pct') or 0:.0f}%")
+    worst, rank = pct(metrics, "trace/comm_exposed_max_pct"), pct(metrics, "trace/comm_exposed_max_rank")
+    if worst is not None and rank is not None and worst >= 1:
+        said += f"; {worst:.0f}% of each step in exposed all-reduce on rank {rank:.0f}"
+    return followed, said + "".join(f"; {n}" for n in notes)
+
+
 def first_rule(metrics: dict[str, Any], params: dict[str, Any]) -> tuple[Rule, Figures]:
     """The first rule of `RULES` that holds for the trial, and the figures it read."""
     f = Figures.of(metrics, params)

@@ -40,7 +40,7 @@ from sweeps.results.outcome import number as _number
 from sweeps.results.outcome import same as _same
 from sweeps.results.outcome import twins as _twins
 from sweeps.results.quality import efficiency, scaling_twin, throughput, workers
-from sweeps.results.rules import DOWN, ON, UP, Move, first_rule, text
+from sweeps.results.rules import DOWN, ON, UP, Move, first_rule, text, trace_view
 from sweeps.spec import PARAMS_PREFIX
 from trainables.contract import THROUGHPUT_UNITS, cv_key_of, throughput_key
 
@@ -73,10 +73,12 @@ def _try(moves: tuple[Move, ...]) -> str:
 
 def verdict(metrics: dict[str, Any], params: dict[str, Any]) -> Verdict:
     """What bounds a finished trial, and what to try that it does not already use: the first rule of
-    `sweeps.results.rules.RULES` that holds."""
-    rule, figures = first_rule(metrics, params)
+    `sweeps.results.rules.RULES` that holds, read from the trace where a counter disagrees with it, and the
+    trace's split cited (`sweeps.results.rules.trace_view`)."""
+    followed, traced = trace_view(metrics)
+    rule, figures = first_rule(followed, params)
     facts, moves = rule.advice(figures)
-    return Verdict(rule.kind, facts, moves)
+    return Verdict(rule.kind, facts + traced, moves)
 
 
 _EVIDENCE = (*MEASURED, "oom")

@@ -142,6 +142,7 @@ def resolve_trial(spec: SweepSpec, sampled: dict[str, Any], metrics_path: str | 
         collective_timeout_s=b.collective_timeout_s,
         checkpoint_every_steps=b.checkpoint_every_steps,
         telemetry_period_s=spec.telemetry.period_s,
+        trace_steps=spec.telemetry.trace,
         use_gpu=spec.scaling.use_gpu,
         threads_per_worker=spec.scaling.cpus_per_worker,
         seed=spec.seed,

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
+from pathlib import Path
 from typing import Any
 
 import cloudpickle
@@ -28,7 +29,7 @@ from sweeps.search.trials import fixed_knobs, resolve_trial, trial_params
 from sweeps.service.breaker import FailureStreak
 from sweeps.service.failures import failure_of
 from sweeps.service.progress import Costs, TrialCost, progress_line
-from sweeps.service.trial import HALT_KEY
+from sweeps.service.trial import HALT_KEY, trace_dir
 from sweeps.spec import SweepSpec
 from sweeps.tracking import SweepTracker
 from trainables.contract import STEPS
@@ -80,6 +81,7 @@ class SweepCallback(tune.Callback):
         self._cost: dict[str, float] = {}  # each ended trial's own wall time, start to end: what the ETA uses (`Costs`)
         self.halted = ""  # why a trial asked to halt the sweep (HALT_KINDS)
         self.queue: Any = None  # the warm pool's queue, when the sweep has one
+        self.trials_dir = ""  # where the trials keep their checkpoints and traces (the controller sets it)
         self.speed_of_light: SpeedOfLight | None = None  # measured limits to score finished trials against
         for row in self.rows.values():  # a resumed sweep keeps what it learnt about memory
             if row.status == "oom":
@@ -188,6 +190,9 @@ class SweepCallback(tune.Callback):
             v = verdict(row.metrics, row.params)
             row.verdict = str(v)
             tags |= {"sweep.verdict": v.name, "sweep.verdict_reason": v.reason}
+        traces = trace_dir(self.trials_dir, f"{self.spec.name}-{trial_id}") if self.trials_dir else ""
+        if traces and Path(traces).is_dir():  # each rank's trace of its last warm-up steps (trainables.trace)
+            self.tracker.trial_files(trial_id, traces, "trace")
         self.tracker.trial_ended(trial_id, status in (*MEASURED, "pruned"), status, reason, tags)
         row.run_id = row.run_id or self.tracker.run_id(trial_id)
         knobs = knobs_of(self.spec, row) if status == "oom" else {}

@@ -109,6 +109,7 @@ class SweepController:
         """Tune's tuner: restored (the same parent and child runs, the searcher's state, finished trials), or
         new with the sweep's parent run, searcher, scheduler, stopper and callback."""
         callback.queue = self.pool.queue if self.pool is not None else None
+        callback.trials_dir = str(self.exp_dir / "trials")
         spec = self.spec
         if self.saved is not None:
             return tune.Tuner.restore(str(self.exp_dir), trainable=trainable, resume_unfinished=True,

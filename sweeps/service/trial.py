@@ -6,6 +6,7 @@ failure rules, not MLflow, Optuna or the report code (about 1 s less per trial o
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -261,6 +262,11 @@ def _run_warm(pool: Any, trial_id: str, cfg: TrialConfig, checkpoint_dir: Path, 
             ray.get(pool.cancel.remote(trial_id))
 
 
+def trace_dir(storage_path: str, name: str) -> str:
+    """Where a trial's ranks keep their traces: beside its checkpoints, in the sweep's folder."""
+    return str(Path(storage_path, name, "traces").absolute())
+
+
 def run_trial(config: dict[str, Any], spec: SweepSpec, storage_path: str, pool: Any = None,
               workdir: str | None = None) -> None:
     """One Tune trial: the shared loop with the sampled config, in a Ray Train run of its own, or
@@ -269,10 +275,11 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, storage_path: str, pool: 
     from ray.tune.integration.ray_train import TuneReportCallback
 
     trial_id = tune.get_context().get_trial_id()
-    cfg = resolve_trial(spec, config)
     # Every attempt uses the same Train run name: Ray Train then hands a retried (or resumed) run
     # the last checkpoint the crashed attempt saved (budget.checkpoint_every_steps), if any.
     name = f"{spec.name}-{trial_id}"
+    # each rank's trace goes beside the trial's checkpoints; the sweep logs it to the trial's run (`trace_dir`)
+    cfg = dataclasses.replace(resolve_trial(spec, config), trace_dir=trace_dir(storage_path, name))
     over = True
     warm_checkpoint = Path(storage_path, name, "checkpoint_warm")
     # A trial run again after a halt or a killed driver continues from the checkpoint it kept (cold

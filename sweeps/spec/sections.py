@@ -229,6 +229,9 @@ class ScalingSpec(BaseModel):
 class TelemetrySpec(BaseModel):
     model_config = STRICT
     period_s: float = Field(default=1.0, ge=0, description="NVML/psutil sampling period; 0 turns sampling off")
+    trace: int = Field(default=2, ge=0, description="profile the last this many warm-up steps of every trial on "
+                       "every rank (after one profiler warm-up step): where each step's time went, and each rank's "
+                       "trace kept with the trial's run; 0 turns it off")
 
 
 class TrackingSpec(BaseModel):
