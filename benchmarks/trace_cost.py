@@ -5,9 +5,12 @@ runs it (`sweeps run --restart`, a fresh working directory and MLflow store).
 Per trial, paired by configuration (precision, batch size, loader workers) across the two modes:
 - `split_share_pct` = sum of `time/trace_s` (stopping the profiler, writing, gzipping and splitting the
   trace, and the ranks' all-reduce of their splits) / sum of `time/loop_total_s`, over the traced runs;
-- `loop_delta_pct` = (mean `time/loop_total_s` traced - mean untraced) / mean traced x 100: the whole
-  cost, the profiler's instrumentation of the two traced warm-up steps and its warm-up step included
-  (noisy: one trial's loop varies by a few % run to run);
+- `warmup_delta_pct` = (mean `time/warmup_s` traced - mean untraced) / mean `time/loop_total_s` traced x 100:
+  the whole cost where it falls, in warm-up (the profiler's instrumentation of its warm-up step and the traced
+  steps, and the split), as a share of the trial's loop;
+- `loop_delta_pct` = (mean `time/loop_total_s` traced - mean untraced) / mean traced x 100: the same over
+  the whole loop, whose window and validation the trace does not touch (noisier: they vary by a few % run
+  to run);
 - `throughput_ratio` = mean throughput traced / untraced (no traced step is measured: ~1 within noise).
 Goal: the trace's cost at most 2% of a trial's wall time.
 
@@ -75,8 +78,10 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     for c in configs:
         on, off = mean(True, "time/loop_total_s", c), mean(False, "time/loop_total_s", c)
+        warm_on, warm_off = mean(True, "time/warmup_s", c), mean(False, "time/warmup_s", c)
         rows.append({"precision": c[0], "batch_size": int(c[1]), "loader_workers": int(c[2]), "loop_traced_s": on,
-                     "loop_untraced_s": off, "loop_delta_pct": 100.0 * (on - off) / on,
+                     "loop_untraced_s": off, "loop_delta_pct": 100.0 * (on - off) / on, "warmup_traced_s": warm_on,
+                     "warmup_untraced_s": warm_off, "warmup_delta_pct": 100.0 * (warm_on - warm_off) / on,
                      "trace_s": mean(True, "time/trace_s", c), "split_share_pct": 100.0 * mean(True, "time/trace_s", c) / on,
                      "throughput_ratio": mean(True, "throughput/samples_per_s", c) / mean(False, "throughput/samples_per_s", c),
                      "traced_everywhere": all("trace/compute_pct" in x[c] for x in runs[True])})
@@ -84,12 +89,14 @@ def main() -> None:
     summary = {"summary": True, "rounds": a.rounds, "trials_per_sweep": len(configs),
                "split_share_pct": 100.0 * sum(r["trace_s"] for r in rows) / total_on,
                "loop_delta_pct": 100.0 * (total_on - sum(r["loop_untraced_s"] for r in rows)) / total_on,
+               "warmup_delta_pct": 100.0 * sum(r["warmup_traced_s"] - r["warmup_untraced_s"] for r in rows) / total_on,
                "throughput_ratio_mean": statistics.fmean(r["throughput_ratio"] for r in rows),
                "every_trial_traced": all(r["traced_everywhere"] for r in rows)}
-    print(table(["precision", "batch", "loaders", "loop traced s", "untraced s", "delta %", "trace_s", "split %",
-                 "tput ratio"],
+    print(table(["precision", "batch", "loaders", "loop traced s", "untraced s", "delta %", "warm-up delta %",
+                 "trace_s", "split %", "tput ratio"],
                 [[r["precision"], str(r["batch_size"]), str(r["loader_workers"]), f"{r['loop_traced_s']:.2f}",
-                  f"{r['loop_untraced_s']:.2f}", f"{r['loop_delta_pct']:+.1f}", f"{r['trace_s']:.3f}",
+                  f"{r['loop_untraced_s']:.2f}", f"{r['loop_delta_pct']:+.1f}", f"{r['warmup_delta_pct']:+.2f}",
+                  f"{r['trace_s']:.3f}",
                   f"{r['split_share_pct']:.2f}", f"{r['throughput_ratio']:.3f}"] for r in rows]))
     print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in summary.items()})
     record("trace_cost", f"benchmarks/trace_cost.py --rounds {a.rounds} --spec {a.spec}", [*rows, summary])
