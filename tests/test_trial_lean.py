@@ -85,3 +85,17 @@ def test_every_run_gets_the_sweeps_train_settings_on_a_cluster_too_and_a_users_o
     handed_on = get_env_vars_to_propagate()
     assert handed_on["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "0.5"  # reports taken every 0.5 s, not Ray's 2
     assert handed_on["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "1"
+
+
+def test_the_coordinator_a_sweep_starts_first_is_the_one_every_run_s_controller_asks() -> None:
+    # sweeps.service.trial.start_train_coordinator starts this actor before the first run, because the
+    # controller waits at most 5 s for its answer and logs a traceback after (a cold start on a busy machine)
+    from ray.data._internal.cluster_autoscaler import default_autoscaling_coordinator as coordinator
+    from ray.train.v2._internal.execution.scaling_policy import autoscaling_coordinator_client as client
+
+    asks = inspect.getsource(client.TrainAutoscalingCoordinatorClient._autoscaling_coordinator.func)
+    assert "get_or_create_autoscaling_coordinator()" in asks, asks
+    assert client.get_or_create_autoscaling_coordinator is coordinator.get_or_create_autoscaling_coordinator
+    assert client.AUTOSCALING_REQUESTS_GET_TIMEOUT_S == 5  # the wait a cold coordinator outlasted
+    assert 'get_if_exists=True' in inspect.getsource(coordinator.get_or_create_autoscaling_coordinator)
+    assert "get_or_create_autoscaling_coordinator" in inspect.getsource(trial.start_train_coordinator)

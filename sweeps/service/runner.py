@@ -23,6 +23,7 @@ from sweeps.service.state import (
     outputs_root,
     sweep_lock,
 )
+from sweeps.service.trial import start_train_coordinator
 from sweeps.spec import SpecError, SweepSpec
 from sweeps.store import absolute_uri
 from sweeps.tracking import SweepTracker
@@ -67,6 +68,7 @@ def run_sweep(spec: SweepSpec, spec_text: str, echo: Callable[[str], None] = ech
                     # a cluster's autoscaler may add such a node when a trial asks for it (Ray >= 2.50 scales up
                     # for label selectors): said, not refused
                     echo(f"WARNING: {exc.problems[0].message}; its trials wait until the autoscaler adds one")
+                start_train_coordinator()
                 return SweepController(spec, spec_text, echo, state, tracker).run()
         finally:
             if started_ray:

@@ -114,6 +114,26 @@ def _state_api_answers() -> bool | None:
     return True
 
 
+def start_train_coordinator(wait_s: float = 60.0) -> None:
+    """Start Ray Train's autoscaling coordinator (a detached actor, one per cluster) before the first run's
+    controller asks it for resources. That controller waits at most 5 s for the answer and then logs a
+    20-line `GetTimeoutError` traceback ("safe to ignore ... CPU being overloaded"), which is what a cold
+    coordinator on a busy 2-core machine takes (two sweeps starting at once, tests/test_many_hands.py).
+    Started here (~0.4 s on an idle 2-core machine, the same start the first run would have made), every
+    controller finds it answering. Best effort: a Ray without it, or one slower than `wait_s`, only logs
+    what it logged before."""
+    import ray
+
+    try:  # the actor Ray Train's client makes (tests/test_trial_lean.py fails when Ray changes that)
+        from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+            get_or_create_autoscaling_coordinator,
+        )
+
+        ray.get(get_or_create_autoscaling_coordinator().__ray_ready__.remote(), timeout=wait_s)
+    except Exception as exc:  # noqa: BLE001  # never a reason to stop a sweep
+        logger.info("Ray Train's autoscaling coordinator did not start (%s); runs start without it", exc)
+
+
 @functools.cache
 def _lean_torch_trainer() -> type:
     """`TorchTrainer` that starts without Ray Data's callback when it was given no datasets, and without
