@@ -1,19 +1,20 @@
 """Does a trace slow the steps after it? (issue 45) No traced step is ever measured, but a profiler that
-left something behind (callbacks, buffers, a slower allocator) would slow the measured window that
-follows it in the same process. This measures exactly that, with the product's own `Tracer`.
+left something behind (callbacks, buffers, a fragmented heap) would slow the measured window that follows
+it in the same processes. This measures exactly that, with the product's own `Tracer`.
 
-Two gloo ranks under `torchrun` train a small CNN (DDP, AdamW, batch 16 of 32x32 images, in memory):
-`--cycles` times, `--steps` timed steps ("before"), then 4 steps that the `traced` arm profiles as a trial
-does (`trainables.trace.Tracer`: one profiler warm-up step, 2 traced, the trace gzipped and split, the
-splits all-reduced) and the `plain` arm just runs, then `--steps` timed steps again ("after"). The arms
-alternate, `--runs` processes each.
+`--nproc` gloo ranks under `torchrun` train a small CNN (DDP, AdamW, batch 16 of 32x32 images, in
+memory): `--stretches` timed stretches of `--steps` steps ("before"), then 4 steps that the `traced` arm
+profiles as a trial's warm-up does (`trainables.trace.Tracer`: one profiler warm-up step, 2 traced, the
+trace gzipped and split, the splits all-reduced) and the `plain` arm just runs, then `--stretches` timed
+stretches again ("after"). The arms alternate, `--runs` processes each.
 
-- `after_over_before` = mean over cycles of (ms per step after) / (ms per step before), per arm: a
-  lingering cost shows as a traced ratio above the plain one;
+- `after_over_before` = mean over a process's "after" stretches / mean over its "before" stretches (the
+  first 2 left out: the process still warms up), mean over the arm's processes: a lasting cost shows as a
+  traced ratio above the plain one, whose ratio holds the drift alone;
 - `lingering_pct` = (traced ratio / plain ratio - 1) x 100, with `ci95_pct` = 1.96 x its standard error
-  (the two arms' standard errors combined; cycles taken as independent).
+  (the two arms' standard errors combined, a process the unit).
 
-    .venv/bin/python benchmarks/trace_after.py [--runs 5] [--cycles 8] [--steps 80]
+    .venv/bin/python benchmarks/trace_after.py [--nproc 2] [--runs 8] [--stretches 10] [--steps 100]
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def child() -> None:
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    traced, steps, cycles = os.environ["ARM"] == "traced", int(os.environ["STEPS"]), int(os.environ["CYCLES"])
+    traced, steps, stretches = os.environ["ARM"] == "traced", int(os.environ["STEPS"]), int(os.environ["STRETCHES"])
     torch.manual_seed(0)
     model = DistributedDataParallel(nn.Sequential(
         nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
@@ -66,19 +67,17 @@ def child() -> None:
 
     for _ in range(20):
         step()
-    out = []
-    for _ in range(cycles):
-        before = timed()
-        with tempfile.TemporaryDirectory() as keep:
-            tracer = Tracer(2 if traced else 0, keep, rank, world, torch.device("cpu"))
-            for s in range(1, 5):  # warm-up steps 1..4 of 5: the profiler's warm-up step 2, traced 3-4
-                tracer.before(s, 5)
-                step()
-                tracer.after(s)
-            said = tracer.finish(all_reduce)
-            tracer.close()
-            assert not traced or "trace/compute_pct" in said, said
-        out.append((before, timed()))
+    before = [timed() for _ in range(stretches)]
+    with tempfile.TemporaryDirectory() as keep:
+        tracer = Tracer(2 if traced else 0, keep, rank, world, torch.device("cpu"))
+        for s in range(1, 5):  # warm-up steps 1..4 of 5: the profiler's warm-up step 2, traced 3-4
+            tracer.before(s, 5)
+            step()
+            tracer.after(s)
+        said = tracer.finish(all_reduce)
+        tracer.close()
+        assert not traced or "trace/compute_pct" in said, said
+    out = [before, [timed() for _ in range(stretches)]]
     if rank == 0:
         print("RESULT " + json.dumps(out), flush=True)
     dist.destroy_process_group()
@@ -88,33 +87,37 @@ def main() -> None:
     from common import record, table
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--cycles", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=80)
+    ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=8)
+    ap.add_argument("--stretches", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=100)
     a = ap.parse_args()
+    if a.runs < 2 or a.stretches < 3:
+        raise SystemExit("--runs >= 2 and --stretches >= 3: a spread needs two processes an arm, a 'before' 3 stretches")
     ratios: dict[str, list[float]] = {"plain": [], "traced": []}
     for r in range(a.runs):
         for arm in (("plain", "traced") if r % 2 == 0 else ("traced", "plain")):
-            env = {**os.environ, "ARM": arm, "STEPS": str(a.steps), "CYCLES": str(a.cycles), "TRACE_AFTER_CHILD": "1"}
-            proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+            env = {**os.environ, "ARM": arm, "STEPS": str(a.steps), "STRETCHES": str(a.stretches), "TRACE_AFTER_CHILD": "1"}
+            proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(a.nproc),
                                    __file__], env=env, capture_output=True, text=True, timeout=900)
             line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
             if proc.returncode != 0 or line is None:
                 raise SystemExit(f"{arm} run failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
-            ratios[arm].extend(after / before for before, after in json.loads(line[7:]))
+            before, after = json.loads(line[7:])
+            ratios[arm].append(statistics.fmean(after) / statistics.fmean(before[2:]))
             print(f"run {r + 1}: {arm} done", flush=True)
     mean = {arm: statistics.fmean(v) for arm, v in ratios.items()}
     se = {arm: statistics.stdev(v) / math.sqrt(len(v)) for arm, v in ratios.items()}
     lingering = 100.0 * (mean["traced"] / mean["plain"] - 1)
     ci95 = 100.0 * 1.96 * math.hypot(se["traced"], se["plain"]) / mean["plain"]
-    rows = [{"arm": arm, "cycles": len(ratios[arm]), "after_over_before": mean[arm], "sd": statistics.stdev(ratios[arm])}
+    rows = [{"arm": arm, "processes": len(ratios[arm]), "after_over_before": mean[arm], "sd": statistics.stdev(ratios[arm])}
             for arm in ("plain", "traced")]
-    summary = {"summary": True, "runs": a.runs, "cycles": a.cycles, "steps": a.steps, "lingering_pct": lingering,
+    summary = {"summary": True, "nproc": a.nproc, "runs": a.runs, "stretches": a.stretches, "steps": a.steps, "lingering_pct": lingering,
                "ci95_pct": ci95}
-    print(table(["arm", "cycles", "after / before", "sd"],
-                [[r["arm"], str(r["cycles"]), f"{r['after_over_before']:.3f}", f"{r['sd']:.3f}"] for r in rows]))
+    print(table(["arm", "processes", "after / before", "sd"],
+                [[r["arm"], str(r["processes"]), f"{r['after_over_before']:.3f}", f"{r['sd']:.3f}"] for r in rows]))
     print(f"lingering cost {lingering:+.1f}% (95% CI +/- {ci95:.1f}%)")
-    record("trace_after", f"benchmarks/trace_after.py --runs {a.runs} --cycles {a.cycles} --steps {a.steps}",
+    record("trace_after", f"benchmarks/trace_after.py --nproc {a.nproc} --runs {a.runs} --stretches {a.stretches} --steps {a.steps}",
            [*rows, summary])
 
 
