@@ -91,6 +91,10 @@ def test_failure_kinds_and_exit_codes_are_documented() -> None:
     page = docs.exit_codes_page()
     assert set(EXIT_CODES) == set(ExitCode)
     assert all(f"| `{kind}` |" in page for kind in KINDS)
+    # the README's own table: every code the CLI returns, and no other
+    section = (ROOT / "README.md").read_text().split("## Exit codes", 1)[1].split("\n## ", 1)[0]
+    rows = {int(line.split("|")[1]) for line in section.splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()}
+    assert rows == {int(code) for code in ExitCode}, rows
 
 
 def _sweeps(*args: str) -> subprocess.CompletedProcess[str]:

@@ -110,3 +110,19 @@ def test_the_verdict_follows_the_trace_where_a_counter_disagrees() -> None:
             "following the trace") in said
     close = {**counters, **trace, "trace/comm_exposed_pct": 28.0}
     assert "following the trace" not in str(verdict(close, params))  # within a few points: cited, not overruled
+    # the traced steps' span decides whether the trace can overrule a counter's window
+    long_enough = {**counters, **trace, "trace/step_ms": 60.0, "trace/steps": "3-4"}  # 120 ms traced
+    assert "the trace 5%: following the trace" in str(verdict(long_enough, params))
+    short = {**counters, **trace, "trace/step_ms": 4.0, "trace/steps": "3-4"}  # 8 ms: a sample of two steps
+    said = str(verdict(short, params))
+    assert said.startswith("communication-bound"), said  # the counter's figure, kept
+    assert ("the counter time/allreduce_wait_pct said 30% all-reduce wait backward did not hide, the trace 5% over "
+            "only 8 ms of traced steps: keeping the counter's longer window") in said
+
+
+def test_the_traced_span_is_its_steps_times_their_length() -> None:
+    from sweeps.results.rules import traced_span_ms
+
+    assert traced_span_ms({"trace/step_ms": 4.0, "trace/steps": "3-4"}) == 8.0
+    assert traced_span_ms({"trace/step_ms": 4.0, "trace/steps": "7"}) == 4.0
+    assert traced_span_ms({"trace/step_ms": 4.0}) is None and traced_span_ms({"trace/steps": "3-4"}) is None
