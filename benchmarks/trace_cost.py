@@ -3,8 +3,9 @@ default) and without (`telemetry.trace: 0`), in alternating order, `--rounds` ti
 runs it (`sweeps run --restart`, a fresh working directory and MLflow store).
 
 Per trial, paired by configuration (precision, batch size, loader workers) across the two modes:
-- `split_share_pct` = sum of `time/trace_s` (stopping the profiler, writing, gzipping and splitting the
-  trace, and the ranks' all-reduce of their splits) / sum of `time/loop_total_s`, over the traced runs;
+- `split_share_pct` = sum of `time/trace_s` (writing, gzipping and splitting the trace, stopping the
+  profiler, and the ranks' all-reduce of their splits; before the review after a41c221 writing and gzipping
+  were left out) / sum of `time/loop_total_s`, over the traced runs;
 - `warmup_delta_pct` = (mean `time/warmup_s` traced - mean untraced) / mean `time/loop_total_s` traced x 100:
   the whole cost where it falls, in warm-up (the profiler's instrumentation of its warm-up step and the traced
   steps, and the split), as a share of the trial's loop;

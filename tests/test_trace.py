@@ -126,3 +126,35 @@ def test_the_traced_span_is_its_steps_times_their_length() -> None:
     assert traced_span_ms({"trace/step_ms": 4.0, "trace/steps": "3-4"}) == 8.0
     assert traced_span_ms({"trace/step_ms": 4.0, "trace/steps": "7"}) == 4.0
     assert traced_span_ms({"trace/step_ms": 4.0}) is None and traced_span_ms({"trace/steps": "3-4"}) is None
+
+
+class _Stopped:
+    def stop(self) -> None:
+        pass
+
+
+def _finished(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, traced: int, split: dict[str, float]) -> tuple:
+    from trainables import trace
+
+    kept = tmp_path / "rank-0.pt.trace.json.gz"
+    kept.write_bytes(b"")
+    monkeypatch.setattr(trace, "breakdown", lambda path: split)
+    tracer = trace.Tracer(2, str(tmp_path), 0, 1, torch.device("cpu"))
+    tracer.prof, tracer.first, tracer.traced, tracer.path, tracer.kept = _Stopped(), 3, traced, kept, True
+    return tracer.finish(lambda values, device, op="sum": values), kept
+
+
+def test_a_gpu_split_carries_its_memory_copies_and_a_cpu_split_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    split = {"compute_pct": 50.0, "data_wait_pct": 10.0, "comm_exposed_pct": 20.0, "idle_pct": 20.0, "comm_pct": 30.0,
+             "wall_ms": 12.0}
+    gpu, _ = _finished(tmp_path, monkeypatch, 2, {**split, "memcpy_pct": 4.0})
+    assert gpu["trace/memcpy_pct"] == 4.0 and gpu["trace/compute_pct"] == 50.0 and gpu[contract.TRACE_STEP_MS] == 12.0
+    cpu, _ = _finished(tmp_path, monkeypatch, 2, split)
+    assert "trace/memcpy_pct" not in cpu and cpu["trace/comm_pct"] == 30.0  # absent, never a made-up 0
+
+
+def test_a_trace_cut_short_by_the_warmup_box_is_neither_split_nor_kept(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    out, kept = _finished(tmp_path, monkeypatch, 1, {})  # 1 of the 2 steps traced: breakdown would fail on {}
+    assert "after 1 of the 2 traced step(s)" in out[contract.TRACE_SKIPPED] and "trace/compute_pct" not in out
+    assert not kept.exists() and contract.TRACE_S in out

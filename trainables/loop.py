@@ -148,6 +148,7 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
             if step == length.warmup_steps:  # the measured window begins
                 where.at("trace", step)  # the last warm-up steps' trace, split on every rank: warm-up's time
                 run.traced = tracer.finish(all_reduce)
+                win.warm_t0 += tracer.spent_s  # writing and splitting the trace is no step's time: out of the calibration
                 where.at("boundary", step)
                 run.begin_window(step)
             elif step == 1:

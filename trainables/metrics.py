@@ -158,7 +158,8 @@ METRICS: tuple[Metric, ...] = (
            final_only=True),
     Metric("trace/comm_exposed_max_rank", "rank", "which rank that is", _NO_TRACE, final_only=True, nameable=False),
     Metric("trace/step_ms", "ms", "a traced step's wall time (the slowest rank's)", _NO_TRACE, final_only=True),
-    Metric("time/trace_s", "s", "what splitting and keeping the trace took (max over ranks), in warm-up's time",
+    Metric("time/trace_s", "s", "what writing, gzipping, keeping and splitting the trace took (max over ranks), in warm-up's time; "
+           "left out of the window's calibration",
            "`telemetry.trace: 0`, or a probe trial", final_only=True),
     Metric("trace/steps", "tag", "the warm-up steps traced, e.g. `3-4`", _NO_TRACE, final_only=True, nameable=False),
     Metric("trace/per_rank", "tag", "each rank's split in words", _NO_TRACE, final_only=True, nameable=False),

@@ -174,6 +174,7 @@ class Tracer:
         self.path: Path | None = None  # this rank's gzipped trace, once the profiler saved it
         self.kept = False  # in trace_dir (logged by the sweep), not a temp file
         self.skipped = ""
+        self.spent_s = 0.0  # this rank's seconds writing, gzipping and splitting its trace: not a step's time
 
     def before(self, step: int, warmup_steps: int) -> None:
         """Before step `step` of warm-up (which now ends at `warmup_steps`): start the profiler so that its
@@ -205,23 +206,26 @@ class Tracer:
         if not self.steps:  # off (every rank alike): no collective, nothing said
             return {}
         t0 = time.perf_counter()
-        mine = [float("nan")] * (len(PARTS) + 2)
+        mine = [float("nan")] * (len(PARTS) + 3)
         if self.prof is not None:
             try:
-                self.prof.stop()  # a completed schedule saved its trace already (`_ready`)
-                if self.path is not None:
+                self.prof.stop()  # a completed schedule saved its trace already (`_ready`); stopping early saves a part
+                if self.path is not None and self.traced >= self.steps:
                     split = breakdown(self.path)
-                    mine = [split[f"{p}_pct"] for p in PARTS] + [split["comm_pct"], split["wall_ms"]]
+                    # memory copies: a GPU trace's only (-1: none on this rank's kind of trace)
+                    mine = [split[f"{p}_pct"] for p in PARTS] + [split["comm_pct"], split.get("memcpy_pct", -1.0),
+                                                                 split["wall_ms"]]
                 else:
                     self.skipped = (f"max_warmup_s ended warm-up after {self.traced} of the {self.steps} traced "
                                     "step(s)")
+                    self._discard()  # a part of the steps it would name: neither split nor kept
             except Exception as exc:  # noqa: BLE001 - a trace is evidence beside the figures, never a failed trial
                 self.skipped = f"the trace could not be split: {type(exc).__name__}: {exc}"
                 logger.warning("rank %d: %s", self.rank, self.skipped)
             finally:
                 self.prof = None
-                if self.path is not None and not self.kept:
-                    shutil.rmtree(self.path.parent, ignore_errors=True)
+                if not self.kept:
+                    self._discard()
         elif not self.skipped:
             self.skipped = (f"warm-up ended before the trace began: tracing {self.steps} step(s) needs "
                             f"num_warmup_steps >= {self.steps + 2} (and max_warmup_s long enough for them)")
@@ -229,7 +233,8 @@ class Tracer:
         slots = [0.0] * (width * self.world)
         slots[self.rank * width:(self.rank + 1) * width] = mine
         every = all_reduce(slots, self.device)  # NaN anywhere: some rank has no split, so none is reported
-        (spent,) = all_reduce([time.perf_counter() - t0], self.device, op="max")
+        self.spent_s += time.perf_counter() - t0
+        (spent,) = all_reduce([self.spent_s], self.device, op="max")
         out: dict[str, Any] = {contract.TRACE_S: spent}
         ranks = [every[r * width:(r + 1) * width] for r in range(self.world)]
         if any(v != v for r in ranks for v in r):
@@ -237,6 +242,9 @@ class Tracer:
             return out
         for i, part in enumerate((*PARTS, "comm")):
             out[f"trace/{part}_pct"] = sum(r[i] for r in ranks) / self.world
+        memcpy = [r[len(PARTS) + 1] for r in ranks]
+        if min(memcpy) >= 0:
+            out["trace/memcpy_pct"] = sum(memcpy) / self.world
         exposed = [r[PARTS.index("comm_exposed")] for r in ranks]
         worst = max(range(self.world), key=lambda r: exposed[r])
         out[contract.TRACE_EXPOSED_MAX_PCT], out[contract.TRACE_EXPOSED_MAX_RANK] = exposed[worst], worst
@@ -256,12 +264,22 @@ class Tracer:
             except Exception:  # noqa: BLE001 - the trial is ending anyway
                 pass
             self.prof = None
-        if self.path is not None and not self.kept:
-            shutil.rmtree(self.path.parent, ignore_errors=True)
+        if not self.kept:
+            self._discard()
+
+    def _discard(self) -> None:
+        """Remove this rank's trace: a kept file, or the temp folder of one kept only to be split."""
+        if self.path is not None:
+            if self.kept:
+                self.path.unlink(missing_ok=True)
+            else:
+                shutil.rmtree(self.path.parent, ignore_errors=True)
+        self.path, self.kept = None, False
 
     def _ready(self, prof: Any) -> None:
         """The profiler's traced steps are done: this rank's trace, gzipped, into `trace_dir` when it is kept
         (bounded in size), else into a temp folder for the split alone."""
+        t0 = time.perf_counter()
         tmp = Path(tempfile.mkdtemp(prefix="trace-"))
         raw = tmp / f"rank-{self.rank}.pt.trace.json"
         prof.export_chrome_trace(str(raw))
@@ -275,3 +293,4 @@ class Tracer:
             self.path = Path(shutil.move(str(gz), Path(self.trace_dir) / gz.name))
             self.kept = True
             shutil.rmtree(tmp, ignore_errors=True)
+        self.spent_s += time.perf_counter() - t0
