@@ -169,6 +169,9 @@ def test_the_answer_names_the_cheapest_and_how_much_cheaper_than_the_fastest() -
     outcome.sweep_usd = sweep_usd(outcome, [((2, "small"), 18.0, "first"), ((2, "large"), 9.0, "resize")], 0)
     # trials: 2 x 36 s x $0.10/h + 2 x 36 s x $0.40/h = $0.002 + $0.008; starts: 18 s x $0.10/h + 9 s x $0.40/h = $0.0015
     assert outcome.sweep_usd == pytest.approx(0.002 + 0.008 + 0.0005 + 0.001)
+    # the memory probe on each shape it probed: 36 s on 2 cores of small ($0.10/h) + 18 s on 1 core of large ($0.20/h)
+    probed = sweep_usd(outcome, [((2, "small"), 18.0, "first")], 0, [((2, "small"), 36.0), ((1, "large"), 18.0)])
+    assert probed == pytest.approx(0.002 + 0.008 + 0.0005 + 0.001 + 0.001)
     said = money_sentence(outcome, lambda t: f"batch_size {t.params['batch_size']}")
     cheapest = 0.10 / (1500 * 3600) * 1e6
     fastest = 0.40 / (3000 * 3600) * 1e6

@@ -52,19 +52,17 @@ def predicted_usd(metrics: dict[str, Any]) -> dict[str, float]:
 
 
 def sweep_usd(outcome: SweepOutcome, starts: list[tuple[Any, float, str]], loaders: int,
-              probe_s: float = 0.0) -> float | None:
+              probe: list[tuple[tuple[int, str], float]] | None = None) -> float | None:
     """What the sweep cost: its trials' own costs, its warm groups' start-ups (each group's devices, holding
-    `loaders` loader workers' share per rank, for the seconds it took to start) and the memory probe (on the
-    first group's devices); None when unpriced."""
+    `loaders` loader workers' share per rank, for the seconds it took to start) and the memory probe (each
+    combination it probed on that combination's devices: (workers, type), seconds; the starts it waited for
+    are in its seconds, so `starts` leaves them out); None when unpriced."""
     spec = outcome.spec
     if spec.cost is None:
         return None
     total = sum(float(t.metrics[TRIAL_USD]) for t in outcome.trials if isinstance(t.metrics.get(TRIAL_USD), (int, float)))
-    for shape, seconds, _ in starts:
-        size, kind = (shape if isinstance(shape, (tuple, list)) else (shape, ""))
+    for (size, kind), seconds in [(shape, s) for shape, s, _ in starts] + list(probe or []):
         total += usd_per_hour(spec, str(kind), int(size), loaders) * float(seconds) / 3600.0
-    if probe_s:
-        total += usd_per_hour(spec, accelerator_types(spec)[0], spec.scaling.num_workers, loaders) * probe_s / 3600.0
     return total
 
 

@@ -62,6 +62,8 @@ class SweepController:
         self.parent = saved.parent_run_id if saved is not None else ""
         self.probe_tags: dict[str, str] = {}
         self.probe_s = 0.0
+        self.probe_spent: list[tuple[tuple[int, str], float]] = []  # each probed shape's seconds (its price)
+        self.probe_starts = range(0)  # the warm-group starts the probe waited for: in its seconds already
         self.t0 = time.monotonic()
 
     def run(self) -> SweepOutcome:
@@ -141,9 +143,10 @@ class SweepController:
             if self.pool is not None and self.spec.search.probe_batch_size:  # before the search: bounds it
                 from sweeps.service.probe import probe_frontier
 
-                probe_t0 = time.monotonic()
-                self.probe_tags = probe_frontier(self.spec, self.pool.queue, self.search, self.echo)
+                probe_t0, before = time.monotonic(), len(self._group_starts())
+                self.probe_tags = probe_frontier(self.spec, self.pool.queue, self.search, self.echo, self.probe_spent)
                 self.probe_s = time.monotonic() - probe_t0
+                self.probe_starts = range(before, len(self._group_starts()))
             tuner.fit()
             ok = True
         except KeyboardInterrupt:  # a second signal: stop at once (the trials' state is kept, no figures drawn)
@@ -216,7 +219,8 @@ class SweepController:
         metrics = {spec.objective.primary: float(best.metrics[spec.objective.primary])} if best else {}
         tags = {"sweep.trials_ok": str(len(outcome.ranked())), "sweep.trials_total": str(len(outcome.trials)),
                 **self.probe_tags, "sweep.quality_guardrail": quality_note}
-        outcome.sweep_usd = sweep_usd(outcome, self._group_starts(), max_loader_workers(spec), self.probe_s)
+        starts = [s for i, s in enumerate(self._group_starts()) if i not in self.probe_starts]
+        outcome.sweep_usd = sweep_usd(outcome, starts, max_loader_workers(spec), self.probe_spent)
         if outcome.sweep_usd is not None:
             metrics[SWEEP_USD] = outcome.sweep_usd
             tags["sweep.prices"] = "; ".join(f"{k}: ${p.usd_per_hour:g}/h, {p.date}, {p.source}"
