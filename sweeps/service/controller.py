@@ -7,7 +7,6 @@ written, the report published."""
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 import uuid
@@ -37,8 +36,6 @@ from sweeps.service.trial import run_trial
 from sweeps.spec import SweepSpec
 from sweeps.tracking import SweepTracker
 from trainables.contract import SWEEP_USD
-
-logger = logging.getLogger(__name__)
 
 # Tune hands the next trial to the finished trial's actor (same resources: always here) instead of
 # starting a new process: ~1 s less per trial on 2 vCPU (benchmarks/sweep_overhead.py). The Train

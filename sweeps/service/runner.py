@@ -5,7 +5,6 @@ the trial driver, and at the end the outcome, the parent run and the report."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
 import ray
@@ -28,7 +27,6 @@ from sweeps.spec import SpecError, SweepSpec
 from sweeps.store import absolute_uri
 from sweeps.tracking import SweepTracker
 
-logger = logging.getLogger(__name__)
 
 def echo_stdout(line: str) -> None:
     TERMINAL(line)  # one line per event; on a terminal also a live status line (sweeps.service.progress)
