@@ -140,7 +140,8 @@ def _finished(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, traced: int, spli
     kept.write_bytes(b"")
     monkeypatch.setattr(trace, "breakdown", lambda path: split)
     tracer = trace.Tracer(2, str(tmp_path), 0, 1, torch.device("cpu"))
-    tracer.prof, tracer.first, tracer.traced, tracer.path, tracer.kept = _Stopped(), 3, traced, kept, True
+    tracer.prof, tracer.first, tracer.active, tracer.traced = _Stopped(), 3, 2, traced
+    tracer.path, tracer.kept = kept, True
     return tracer.finish(lambda values, device, op="sum": values), kept
 
 
@@ -158,3 +159,34 @@ def test_a_trace_cut_short_by_the_warmup_box_is_neither_split_nor_kept(tmp_path:
     out, kept = _finished(tmp_path, monkeypatch, 1, {})  # 1 of the 2 steps traced: breakdown would fail on {}
     assert "after 1 of the 2 traced step(s)" in out[contract.TRACE_SKIPPED] and "trace/compute_pct" not in out
     assert not kept.exists() and contract.TRACE_S in out
+
+
+def test_the_warmup_box_says_where_warm_up_will_end_and_the_trace_fits_into_what_is_left(tmp_path: Path) -> None:
+    from trainables.length import TrialLength
+    from trainables.trace import Tracer
+
+    cfg = TrialConfig(workload="mlp-tabular", batch_size=16, num_steps=10, num_warmup_steps=9, max_warmup_s=3.0,
+                      telemetry_period_s=0)
+    length = TrialLength(cfg, world=1)
+    assert length.warmup_end() == 9
+    length.box_warmup(2, warm_s=0.8)  # step 1 took 0.8 s: the box ends warm-up at step 4 (3.2 s > 3 there)
+    assert length.warmup_steps == 9 and length.warmup_end() == 4
+    length.box_warmup(4, warm_s=3.3)  # and it does
+    assert length.warmup_steps == 4 == length.warmup_end()
+
+    def traced(ends: dict[int, int]) -> dict:
+        tracer, x = Tracer(2, str(tmp_path / str(len(ends))), 0, 1, torch.device("cpu")), torch.randn(64, 64)
+        for step in sorted(ends):
+            tracer.before(step, ends[step])
+            (x @ x).sum()
+            tracer.after(step)
+        return tracer.finish(lambda values, device, op="sum": values)
+
+    # the end moved from 9 to 5 at step 3, past where 2 traced steps would start (2): 1 still fits
+    moved = traced({1: 9, 2: 9, 3: 5, 4: 5})
+    assert moved[contract.TRACE_STEPS] == "4-4" and "trace/compute_pct" in moved, moved
+    # moved to 4 at step 3: no traced step fits after the profiler's warm-up step
+    gone = traced({1: 9, 2: 9, 3: 4})
+    assert "warm-up ended before the trace began" in gone[contract.TRACE_SKIPPED] and "trace/compute_pct" not in gone
+    planned = traced({1: 6, 2: 6, 3: 6, 4: 6, 5: 6})  # as planned: warm-up steps 3 (the profiler's) and 4-5
+    assert planned[contract.TRACE_STEPS] == "4-5" and "trace/compute_pct" in planned, planned

@@ -60,6 +60,7 @@ class TrialLength:
         self.min_s = cfg.min_window_s if free else 0.0
         self.max_s = cfg.max_window_s if free else 0.0
         self.warm_max_s = cfg.max_warmup_s if free else 0.0
+        self.box_end: int | None = None  # where max_warmup_s is expected to end warm-up (`box_warmup`)
         self.seen = 0  # items this rank trained on since step 0, warm-up included (what equal data equalises)
         self.tail: tuple[int, int] | None = None  # equal data: (last step, items this rank takes in it)
         self.per_micro = 1  # items of one micro-batch per rank, as warm-up counted them (equal-data tail)
@@ -83,6 +84,12 @@ class TrialLength:
         ends now if one more step at their mean would pass the box: it never outlasts the box by a step."""
         if warm_s * step / (step - 1) > self.warm_max_s:
             self.warmup_steps = step
+        elif warm_s > 0:  # where the box will end warm-up if every step lasts their mean (the trace's cue)
+            self.box_end = min(self.warmup_steps, math.floor(self.warm_max_s * (step - 1) / warm_s) + 1)
+
+    def warmup_end(self) -> int:
+        """The step warm-up is expected to end at: its planned length, or sooner where max_warmup_s will end it."""
+        return min(self.warmup_steps, self.box_end or self.warmup_steps)
 
     # --- the plan, when warm-up ends
     def plan(self, seen_warm: float | None, warm_step_s: float | None) -> int:

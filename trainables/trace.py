@@ -170,6 +170,7 @@ class Tracer:
         self.steps, self.trace_dir, self.rank, self.world, self.device = steps, trace_dir, rank, world, device
         self.prof: Any = None
         self.first: int | None = None  # the first traced step (after the profiler's warm-up step)
+        self.active = 0  # the steps this trace holds: `steps`, or fewer where max_warmup_s left less room
         self.traced = 0
         self.path: Path | None = None  # this rank's gzipped trace, once the profiler saved it
         self.kept = False  # in trace_dir (logged by the sweep), not a temp file
@@ -177,19 +178,23 @@ class Tracer:
         self.spent_s = 0.0  # this rank's seconds writing, gzipping and splitting its trace: not a step's time
 
     def before(self, step: int, warmup_steps: int) -> None:
-        """Before step `step` of warm-up (which now ends at `warmup_steps`): start the profiler so that its
-        warm-up step and then `steps` traced steps are the last of warm-up."""
-        if not self.steps or self.prof is not None or self.skipped or step != warmup_steps - 1 - self.steps:
+        """Before step `step` of warm-up (which is now expected to end at `warmup_steps`: max_warmup_s may move
+        that end closer as steps are timed): start the profiler so that its warm-up step and then `steps`
+        traced steps are the last of warm-up, or, where the end came closer than planned, as many as still fit."""
+        if not self.steps or self.first is not None or self.skipped or step < warmup_steps - 1 - self.steps:
             return
         if step < 1:  # step 0 builds, starts the loaders and compiles: no step to trace
             self.skipped = (f"warm-up too short: {warmup_steps} step(s); tracing {self.steps} needs "
                             f"num_warmup_steps >= {self.steps + 2}")
             return
+        self.active = min(self.steps, warmup_steps - 1 - step)
+        if self.active < 1:  # no traced step fits after the profiler's warm-up step: `finish` says so
+            return
         activities = [torch.profiler.ProfilerActivity.CPU]
         if self.device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         self.prof = torch.profiler.profile(activities=activities, on_trace_ready=self._ready,
-                                           schedule=torch.profiler.schedule(wait=0, warmup=1, active=self.steps, repeat=1))
+                                           schedule=torch.profiler.schedule(wait=0, warmup=1, active=self.active, repeat=1))
         self.prof.start()
         self.first = step + 1
 
@@ -210,13 +215,13 @@ class Tracer:
         if self.prof is not None:
             try:
                 self.prof.stop()  # a completed schedule saved its trace already (`_ready`); stopping early saves a part
-                if self.path is not None and self.traced >= self.steps:
+                if self.path is not None and self.traced >= self.active:
                     split = breakdown(self.path)
                     # memory copies: a GPU trace's only (-1: none on this rank's kind of trace)
                     mine = [split[f"{p}_pct"] for p in PARTS] + [split["comm_pct"], split.get("memcpy_pct", -1.0),
                                                                  split["wall_ms"]]
                 else:
-                    self.skipped = (f"max_warmup_s ended warm-up after {self.traced} of the {self.steps} traced "
+                    self.skipped = (f"max_warmup_s ended warm-up after {self.traced} of the {self.active} traced "
                                     "step(s)")
                     self._discard()  # a part of the steps it would name: neither split nor kept
             except Exception as exc:  # noqa: BLE001 - a trace is evidence beside the figures, never a failed trial
@@ -249,7 +254,7 @@ class Tracer:
         worst = max(range(self.world), key=lambda r: exposed[r])
         out[contract.TRACE_EXPOSED_MAX_PCT], out[contract.TRACE_EXPOSED_MAX_RANK] = exposed[worst], worst
         out[contract.TRACE_STEP_MS] = max(r[-1] for r in ranks)
-        out[contract.TRACE_STEPS] = f"{self.first}-{(self.first or 0) + self.steps - 1}"
+        out[contract.TRACE_STEPS] = f"{self.first}-{(self.first or 0) + self.active - 1}"
         out[contract.TRACE_PER_RANK] = "; ".join(
             f"rank {n}: " + ", ".join(f"{p.replace('_', ' ')} {r[i]:.0f}%" for i, p in enumerate(PARTS))
             for n, r in enumerate(ranks))
