@@ -60,7 +60,15 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _print_outcome(outcome: Any, title: str) -> None:
-    from sweeps.results.report import best_fragment, compared_run_ids, next_steps, pareto_table, trials_table
+    from sweeps.results.money import money_sentence
+    from sweeps.results.report import (
+        best_fragment,
+        compared_run_ids,
+        configuration,
+        next_steps,
+        pareto_table,
+        trials_table,
+    )
     from sweeps.service.state import resume_command
     from sweeps.tracking import experiment_of, ui_links
 
@@ -80,6 +88,9 @@ def _print_outcome(outcome: Any, title: str) -> None:
         print("\n" + pareto_table(outcome))
     print(f"\nBest configuration{' by ' + spec.objective.primary if spec.objective.multi else ''}:\n" + best_fragment(outcome))
     print("\nNext: " + next_steps(outcome))
+    money = money_sentence(outcome, lambda t: configuration(outcome, t), md=False)
+    if money:
+        print("\nIn money: " + money)
     uri, parent = outcome.tracking_uri, outcome.parent_run_id
     print("\n" + "\n".join(ui_links(uri, experiment_of(uri, parent), parent, compared_run_ids(outcome))))
 

@@ -9,7 +9,9 @@ Writes result.json into argv[1]: where each trial ran, what it logged, the answe
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -36,13 +38,14 @@ search: {{algorithm: grid}}
 objective: {{metric: cost/usd_per_1m_samples, mode: min}}
 budget: {{num_trials: 4, num_steps: 200, num_warmup_steps: 3, max_warmup_s: 2, max_window_s: 2, report_interval_s: 1}}
 scaling: {{num_workers: 2, cpus_per_worker: 1, cpus_per_loader_worker: 0}}
-cost:
-  prices:
-    small: {{usd_per_hour: 0.05, date: 2026-11-26, source: "test: the small nodes' price"}}
-    large: {{usd_per_hour: 0.20, date: 2026-11-26, source: "test: the large nodes' price"}}
+cost: {{price_file: prices.csv}}   # relative to the working directory of `sweeps run`
 tracking: {{uri: 'sqlite:///{DB}'}}
 storage_path: {out / "results"}
 """
+PRICES = out / "prices.csv"
+PRICES.write_text("accelerator_type,usd_per_hour,date,source\nsmall,0.05,2026-11-26,test: the small nodes' price\n"
+                  "large,0.20,2026-11-26,test: the large nodes' price\n")
+os.chdir(out)
 HEAD_TMP = tempfile.mkdtemp(prefix="rm", dir="/tmp")  # short, for sockets; removed at the end
 cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False, "temp_dir": HEAD_TMP})
 typed = {kind: cluster.add_node(num_cpus=2, labels={"accelerator-type": kind}) for kind in ("small", "large")}
@@ -60,8 +63,16 @@ for t in outcome.trials:
                    "metrics": {k: v for k, v in run.data.metrics.items() if k.startswith(("cost/", "throughput/"))}})
 parent = client.get_run(outcome.parent_run_id)
 best = outcome.best
+# the file changes, then the answer is printed again from another directory: the sweep's own prices, its own dollars
+PRICES.write_text("accelerator_type,usd_per_hour,date,source\nsmall,9,2026-12-01,later\nlarge,9,2026-12-01,later\n")
+report = subprocess.run([sys.executable, "-m", "sweeps", "report", "money-types", "--tracking-uri", f"sqlite:///{DB}"],
+                        cwd="/", capture_output=True, text=True, timeout=120,
+                        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+state = json.loads((out / "results" / "money-types" / "sweep.json").read_text())
 result = {"trials": trials, "parent_metrics": parent.data.metrics, "note": parent.data.tags.get("mlflow.note.content", ""),
-          "best_type": best.params.get("accelerator_type") if best else None, "lines": lines}
+          "best_type": best.params.get("accelerator_type") if best else None, "lines": lines, "wall_s": outcome.elapsed_s,
+          "report": report.stdout + report.stderr, "report_rc": report.returncode, "drivers": state["drivers"],
+          "saved_prices": state["prices"]}
 (out / "result.json").write_text(json.dumps(result, default=str))
 print(json.dumps({k: v for k, v in result.items() if k != "lines"}, default=str), flush=True)
 ours = tree(p.pid for p in psutil.Process().children())

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sweeps.results.money import money_sentence, planned_usd, sweep_usd, trial_usd
-from sweeps.results.outcome import SweepOutcome, TrialRow
+from sweeps.results.money import groups_usd, md_text, mispriced, money_sentence, planned_usd, sweep_total, trial_usd
+from sweeps.results.outcome import SweepOutcome, TrialRow, end_status
 from sweeps.search.trials import resolve_trial, trial_params
 from sweeps.service.resources import node_types, refuse_missing_types
 from sweeps.spec import SpecError, parse_spec
@@ -68,9 +68,18 @@ def test_a_trials_price_is_its_types_times_its_devices() -> None:
     spec = parse_spec(SPEC)
     cfg = resolve_trial(spec, {"batch_size": 32, "accelerator_type": "large"})
     assert cfg.accelerator_type == "large" and cfg.usd_per_hour == pytest.approx(0.20 * 2)  # 2 ranks x 1 core
-    loaders = resolve_trial(parse_spec(SPEC.replace("cpus_per_loader_worker: 0", "cpus_per_loader_worker: 0.5")),
-                            {"batch_size": 32, "accelerator_type": "small", "num_dataloader_workers": 2})
-    assert loaders.usd_per_hour == pytest.approx(0.05 * 2 * (1 + 2 * 0.5))  # the loaders' reserved cores count
+    # the loaders' reserved cores count: in a warm group (the default) every trial holds what the group was
+    # started with, the most any trial of the space needs (2 loaders here); a trial of its own holds its own
+    loaders = SPEC.replace("cpus_per_loader_worker: 0", "cpus_per_loader_worker: 0.5").replace(
+        "space:\n", "space:\n  num_dataloader_workers: {type: categorical, choices: [0, 2]}\n").replace(
+        "num_trials: 4", "num_trials: 8")
+    for reuse, own in (("", 0.05 * 2 * (1 + 2 * 0.5)), (", reuse_workers: false", 0.05 * 2 * 1)):
+        cold = parse_spec(loaders.replace("cpus_per_worker: 1", f"cpus_per_worker: 1{reuse}"))
+        none = resolve_trial(cold, {"batch_size": 32, "accelerator_type": "small", "num_dataloader_workers": 0})
+        assert none.usd_per_hour == pytest.approx(own), reuse
+        two = resolve_trial(cold, {"batch_size": 32, "accelerator_type": "small", "num_dataloader_workers": 2})
+        assert two.usd_per_hour == pytest.approx(0.05 * 2 * (1 + 2 * 0.5))
+        assert trial_usd(cold, trial_params(cold, none), 3600.0)["cost/trial_usd"] == pytest.approx(own)
     params = trial_params(spec, cfg)
     assert params["accelerator_type"] == "large"
     # 90 s of a trial on $0.40/h: $0.01
@@ -166,30 +175,98 @@ def test_the_answer_names_the_cheapest_and_how_much_cheaper_than_the_fastest() -
         r.metrics.update(trial_usd(spec, r.params, 36.0))
     outcome = SweepOutcome(spec, "p", "sqlite://", rows, 200.0)
     assert outcome.best is rows[1]  # the objective: min dollars per 1M samples
-    outcome.sweep_usd = sweep_usd(outcome, [((2, "small"), 18.0, "first"), ((2, "large"), 9.0, "resize")], 0)
-    # trials: 2 x 36 s x $0.10/h + 2 x 36 s x $0.40/h = $0.002 + $0.008; starts: 18 s x $0.10/h + 9 s x $0.40/h = $0.0015
-    assert outcome.sweep_usd == pytest.approx(0.002 + 0.008 + 0.0005 + 0.001)
-    # the memory probe on each shape it probed: 36 s on 2 cores of small ($0.10/h) + 18 s on 1 core of large ($0.20/h)
-    probed = sweep_usd(outcome, [((2, "small"), 18.0, "first")], 0, [((2, "small"), 36.0), ((1, "large"), 18.0)])
-    assert probed == pytest.approx(0.002 + 0.008 + 0.0005 + 0.001 + 0.001)
+    # two warm groups, each priced from asking for its devices to its end (its trials, the probe, the time
+    # between trials, its teardown): 126 s on 2 cores of small ($0.10/h) + 90 s on 2 cores of large ($0.40/h)
+    # = $0.0035 + $0.01; a resumed sweep adds what its earlier run held ($0.0015)
+    this_run = groups_usd(spec, [((2, "small"), 126.0, True), ((2, "large"), 90.0, True)])
+    assert this_run == pytest.approx(0.0035 + 0.01)
+    outcome.sweep_usd, outcome.sweep_usd_short = sweep_total([0.0015], this_run, True)
+    assert (outcome.sweep_usd, outcome.sweep_usd_short) == (pytest.approx(0.015), "")
     said = money_sentence(outcome, lambda t: f"batch_size {t.params['batch_size']}")
     cheapest = 0.10 / (1500 * 3600) * 1e6
     fastest = 0.40 / (3000 * 3600) * 1e6
     assert said.startswith(f"**Cheapest: trial 2** (batch_size 128) on 2 cores of small: **${cheapest:.3g} per 1M "
                            f"samples**, {fastest / cheapest:.1f}x cheaper than the fastest (trial 4 on 2 cores of large, "
                            f"${fastest:.3g})"), said
-    assert "The sweep cost $0.0115" in said and "small $0.05/core-hour, 2026-11-26, test price, small nodes" in said
+    assert "The sweep cost $0.015" in said and "small $0.05/core-hour, 2026-11-26, test price, small nodes" in said
     assert money_sentence(SweepOutcome(parse_spec(SPEC.split("objective:")[0]), "p", "u", rows, 1.0), str) == ""
+    # the terminal's words: the same sentence without markdown
+    plain = money_sentence(outcome, lambda t: f"batch_size {t.params['batch_size']}", md=False)
+    assert plain.startswith(f"Cheapest: trial 2 (batch_size 128) on 2 cores of small: ${cheapest:.3g} per 1M samples")
+    assert "**" not in plain and "The sweep cost $0.015" in plain
+
+
+def test_a_driver_that_never_said_what_it_held_makes_the_total_a_lower_bound() -> None:
+    total, short = sweep_total([0.5, None], 1.0, False)
+    assert total == 1.5 and "1 earlier run(s)" in short and "a warm group had not ended" in short
+    spec = parse_spec(SPEC)
+    rows = [_row(1, "small", 32, 1000.0, 0.10)]
+    outcome = SweepOutcome(spec, "p", "u", rows, 1.0, sweep_usd=total, sweep_usd_short=short)
+    assert "The sweep cost at least $1.50 (1 earlier run(s)" in money_sentence(outcome, str)
+
+
+def test_a_degraded_trial_is_never_named_the_cheapest_and_a_tie_is_not_cheaper() -> None:
+    spec = parse_spec(SPEC)
+    rows = [_row(1, "small", 32, 1000.0, 0.10), _row(2, "small", 128, 1500.0, 0.10),
+            _row(3, "large", 128, 3000.0, 0.40)]
+    rows[1].degraded = "loss/val 9% above the fp32 reference at equal data"
+    outcome = SweepOutcome(spec, "p", "u", rows, 1.0)
+    said = money_sentence(outcome, str)
+    assert said.startswith("**Cheapest: trial 1**"), said  # not trial 2, the cheapest but degraded
+    # trial 3 at 4x the price of trial 1 and 3.98x its speed: 0.5% dearer per sample, a tie
+    rows[2].metrics.update(contract.money_metrics(0.40, {"throughput/samples_per_s": 3980.0}))
+    rows[2].metrics["throughput/samples_per_s"] = 3980.0
+    said = money_sentence(outcome, str)
+    assert "1.0x cheaper" not in said and "as cheap as the fastest within 5% (trial 3" in said, said
+
+
+def test_a_price_source_renders_as_text_in_markdown_and_a_gpu_priced_as_another_type_is_said() -> None:
+    assert md_text("![p](http://x/p.png)") == "\\!\\[p\\]\\(http://x/p.png\\)"
+    spec = parse_spec(SPEC.replace("test price, small nodes", "![pixel](http://tracker.example/p.png)"))
+    outcome = SweepOutcome(spec, "p", "u", [_row(1, "small", 32, 1000.0, 0.10)], 1.0)
+    said = money_sentence(outcome, str)
+    assert "![pixel]" not in said and "\\!\\[pixel\\]" in said
+    assert "![pixel](http://tracker.example/p.png)" in money_sentence(outcome, str, md=False)  # a terminal: as written
+    gpu = parse_spec(SPEC.split("space:")[0] + "budget: {num_trials: 1, num_steps: 20}\nscaling: {use_gpu: true}\nobjective: {metric: "
+                     "cost/usd_per_1m_samples, mode: min}\ncost: {prices: {H100: {usd_per_hour: 3, date: 2026-11-26, "
+                     "source: x}}}\n")
+    row = TrialRow("t1", 1, {"batch_size": 32, "num_workers": 2}, "r1", "ok", "", "",
+                   {"device/name": "NVIDIA A100-SXM4-80GB", **contract.money_metrics(6.0, {"throughput/samples_per_s": 1.0}),
+                    "throughput/samples_per_s": 1.0})
+    assert mispriced(gpu, row) == "trial 1 ran on NVIDIA A100-SXM4-80GB but was priced as H100"
+    assert "Caution, trial 1 ran on NVIDIA A100" in money_sentence(SweepOutcome(gpu, "p", "u", [row], 1.0), str)
+    row.metrics["device/name"] = "NVIDIA H100 80GB HBM3"
+    assert mispriced(gpu, row) == ""
+
+
+def test_dollars_to_the_target_is_a_to_target_objective() -> None:
+    ttt = SPEC.split("objective:")[0].replace("max_window_s: 5, max_warmup_s: 2", "eval_every_steps: 5") + PRICES
+    spec = parse_spec(ttt + "objective: {metric: cost/usd_to_target, target: {metric: loss/val, max: 0.2}}\n")
+    assert spec.objective.primary_mode == "min" and spec.objective.time_to_target  # ASHA compares at equal time
+    missed = {contract.FINAL: 1, "loss/val": 0.5, contract.TARGET_BEST: 0.4, contract.EVALS: 3}
+    status, reason, missing = end_status(spec, missed, "", False)
+    assert (status, missing) == ("infeasible", []) and "did not reach" in reason  # not a config error: no STOP
+    for bad, said in (("objective: {metric: cost/usd_to_target}", "cost/usd_to_target needs a target"),
+                      ("objective: {metric: cost/usd_to_target, mode: max, target: {metric: loss/val, max: 0.2}}",
+                       "cost/usd_to_target is a price to reach the target: mode must be min")):
+        with pytest.raises(SpecError, match=said):
+            parse_spec(ttt + bad + "\n")
 
 
 def test_the_plan_says_dollars_and_grid_groups_follow_the_type() -> None:
     spec = parse_spec(SPEC)
     assert [p["accelerator_type"] for p in spec.space.grid_points()] == ["small", "small", "large", "large"]
     # 4 trials x 7 s boxed = 28 s of training; $0.10-$0.40/h
-    said = planned_usd(spec, 4, 7.0, ([2], 0))
+    said = planned_usd(spec, 4, 7.0, [2])
     assert said.startswith(f"; in money, their training alone: ${0.10 * 28 / 3600:.3g}-${0.40 * 28 / 3600:.3g} at "
                            "4 x 7 s x $0.10-$0.40/h"), said
-    assert planned_usd(parse_spec(SPEC.split("objective:")[0]), 4, 7.0, ([2], 0)) == ""
+    assert planned_usd(parse_spec(SPEC.split("objective:")[0]), 4, 7.0, [2]) == ""
+    # one type, loader workers fixed at 2 (0.5 core each): one price, no range where none can vary
+    one = parse_spec(SPEC.replace("  accelerator_type: {type: categorical, choices: [small, large]}\n",
+                                  "  accelerator_type: small\n  num_dataloader_workers: 2\n")
+                     .replace("num_trials: 4", "num_trials: 2")
+                     .replace("cpus_per_loader_worker: 0", "cpus_per_loader_worker: 0.5"))
+    assert "x $0.20/h (the spec's prices" in planned_usd(one, 2, 7.0, [2]), planned_usd(one, 2, 7.0, [2])
 
 
 @pytest.mark.ray
@@ -224,8 +301,18 @@ def test_a_sweep_over_two_labelled_node_types_runs_each_trial_on_its_type_and_na
         assert m["cost/usd_per_1m_samples"] == pytest.approx(rate / (m["throughput/samples_per_s"] * 3600) * 1e6)
         assert 0 < m["cost/trial_usd"] < rate * 60 / 3600  # a trial of seconds, at its rate
     assert r["best_type"] == "small"  # the same CPUs at a quarter of the price
-    assert r["parent_metrics"]["cost/sweep_usd"] >= sum(t["metrics"]["cost/trial_usd"] for t in r["trials"])
+    # what the sweep held: its one driver's warm groups, from asking for their devices to their end (the trials
+    # ran inside them): at least the trials, at most the sweep's whole wall time at the dearer type's rate
+    swept = r["parent_metrics"]["cost/sweep_usd"]
+    assert [d["held_usd"] for d in r["drivers"]] == [pytest.approx(swept)]
+    assert sum(t["metrics"]["cost/trial_usd"] for t in r["trials"]) < swept < r["wall_s"] * 0.40 / 3600
     assert "**Cheapest: trial" in r["note"] and "cores of small" in r["note"] and "The sweep cost $" in r["note"]
+    # the prices it read when it started are kept; the report, from another directory after the file changed, says
+    # the same dollars (the terminal's answer names the cheapest too)
+    assert r["saved_prices"]["small"]["usd_per_hour"] == 0.05 and r["report_rc"] == 0, r["report"][-2000:]
+    said = r["report"].split("In money: ", 1)[1]
+    assert said.startswith("Cheapest: trial") and "cores of small" in said, said
+    assert f"The sweep cost ${swept:.3g}" in said and "small $0.05/core-hour" in said, said
     assert any("in money, their training alone: $" in line for line in r["lines"]), r["lines"][:5]
 
 

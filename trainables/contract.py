@@ -83,6 +83,8 @@ USD_TO_TARGET = "cost/usd_to_target"
 PREDICT_USD_TO_TARGET = "cost/predicted_usd_to_target"  # the sweep adds it, from predict/time_to_target_s
 TRIAL_USD = "cost/trial_usd"  # the sweep adds it, from the trial's own wall time
 SWEEP_USD = "cost/sweep_usd"  # on the parent run
+# The objectives a trial meets by reaching the target (time or dollars to it): absent when it never did
+TO_TARGET_METRICS = (TIME_TO_TARGET_S, USD_TO_TARGET)
 
 
 def usd_per_million_key(unit: str) -> str:

@@ -7,12 +7,14 @@ the sweep: wall times, the trials compared, the plan."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
 from sweeps.results.outcome import SweepOutcome, TrialRow
 from sweeps.spec import SweepSpec
 from sweeps.spec.cost import accelerator_types, devices, priced_type, usd_per_hour
+from sweeps.spec.params import param_values
 from trainables.contract import (
     PREDICT_TIME_TO_TARGET_S,
     PREDICT_USD_TO_TARGET,
@@ -51,19 +53,25 @@ def predicted_usd(metrics: dict[str, Any]) -> dict[str, float]:
     return {}
 
 
-def sweep_usd(outcome: SweepOutcome, starts: list[tuple[Any, float, str]], loaders: int,
-              probe: list[tuple[tuple[int, str], float]] | None = None) -> float | None:
-    """What the sweep cost: its trials' own costs, its warm groups' start-ups (each group's devices, holding
-    `loaders` loader workers' share per rank, for the seconds it took to start) and the memory probe (each
-    combination it probed on that combination's devices: (workers, type), seconds; the starts it waited for
-    are in its seconds, so `starts` leaves them out); None when unpriced."""
-    spec = outcome.spec
-    if spec.cost is None:
-        return None
-    total = sum(float(t.metrics[TRIAL_USD]) for t in outcome.trials if isinstance(t.metrics.get(TRIAL_USD), (int, float)))
-    for (size, kind), seconds in [(shape, s) for shape, s, _ in starts] + list(probe or []):
-        total += usd_per_hour(spec, str(kind), int(size), loaders) * float(seconds) / 3600.0
-    return total
+def groups_usd(spec: SweepSpec, lives: list[tuple[Any, float, bool]]) -> float:
+    """What the warm groups held: each group's devices (its ranks, its type, the loader share every group is
+    started with) from asking for them to its end, between its trials too. The trials ran inside the groups,
+    and so did the memory probe: this is all a sweep with warm groups held."""
+    return sum(usd_per_hour(spec, str(kind), int(size), 0) * float(seconds) / 3600.0
+               for (size, kind), seconds, _ in lives)
+
+
+def sweep_total(earlier: list[float | None], this_run: float, this_run_whole: bool) -> tuple[float, str]:
+    """What the sweep cost across its drivers (a resumed sweep's earlier runs, `earlier`, then this one), and
+    why that is a lower bound ("" when it is the whole cost): a driver killed outright never said what it held."""
+    lost = sum(v is None for v in earlier)
+    total = this_run + sum(v for v in earlier if v is not None)
+    why = []
+    if lost:
+        why.append(f"{lost} earlier run(s) of the sweep ended without saying what they held (killed outright)")
+    if not this_run_whole:
+        why.append("a warm group had not ended when the sweep did")
+    return total, "; ".join(why)
 
 
 def money_key(outcome: SweepOutcome) -> str | None:
@@ -86,45 +94,77 @@ def _usd(value: float) -> str:
     return f"${value:.2f}" if value >= 0.1 else f"${value:.3g}"
 
 
-def money_sentence(outcome: SweepOutcome, configuration: Callable[[TrialRow], str]) -> str:
-    """The answer in money: the cheapest finished trial, what it costs, and how much cheaper it is than the
-    fastest; then what the sweep cost and whose prices said so. Empty when the sweep has no prices."""
+_MARKDOWN = re.compile(r"([\\`*_{}\[\]()<>#+!|~])")
+
+
+def md_text(text: str) -> str:
+    """Free text (a price's source) as literal markdown: no link, image or HTML of its own renders."""
+    return _MARKDOWN.sub(r"\\\1", text)
+
+
+def mispriced(spec: SweepSpec, t: TrialRow) -> str:
+    """Why a GPU trial's price may not be its device's: the GPU it reported (`device/name`) is not the type it
+    was priced as (an unpinned trial is priced as the one GPU type priced, wherever it ran); "" when they agree
+    or either is unknown."""
+    kind = priced_type(spec, str(t.params.get("accelerator_type") or ""))
+    name = t.metrics.get("device/name")
+    if not spec.scaling.use_gpu or not kind or not isinstance(name, str) or not name:
+        return ""
+    squash = lambda text: re.sub(r"[^0-9a-z]", "", text.lower())  # noqa: E731 - "H100" in "NVIDIA H100 80GB HBM3"
+    return "" if squash(kind) in squash(name) else f"trial {t.number} ran on {name} but was priced as {kind}"
+
+
+def money_sentence(outcome: SweepOutcome, configuration: Callable[[TrialRow], str], md: bool = True) -> str:
+    """The answer in money: the cheapest finished trial that is not degraded, what it costs, and how much
+    cheaper it is than the fastest; then what the sweep cost and whose prices said so. Markdown (the MLflow
+    description), or plain text for a terminal (`md=False`). Empty when the sweep has no prices."""
     spec, key = outcome.spec, money_key(outcome)
     if spec.cost is None or key is None:
         return ""
-    have = [t for t in outcome.ranked() if isinstance(t.metrics.get(key), (int, float))]
+    bold = (lambda x: f"**{x}**") if md else (lambda x: x)
+    free = md_text if md else (lambda x: x)
+    # a degraded trial (worse quality than the fp32 reference at equal data) is never named, as for "best"
+    have = [t for t in outcome.ranked() if isinstance(t.metrics.get(key), (int, float)) and not t.degraded]
+    if not have:
+        return ""
     cheapest = min(have, key=lambda t: (t.metrics[key], t.number))
     per = "to the target" if key == USD_TO_TARGET else f"per 1M {key.rsplit('_', 1)[-1]}"
-    text = (f"**Cheapest: trial {cheapest.number}** ({configuration(cheapest)}) on {on_what(spec, cheapest)}: "
-            f"**{_usd(cheapest.metrics[key])} {per}**")
+    text = (f"{bold(f'Cheapest: trial {cheapest.number}')} ({configuration(cheapest)}) on {on_what(spec, cheapest)}: "
+            f"{bold(f'{_usd(cheapest.metrics[key])} {per}')}")
     speed = next((k for k in (spec.objective.primary, throughput_key("samples"), throughput_key("tokens"))
                   if k.startswith("throughput/") and all(k in t.metrics for t in have)), None)
     if speed is not None:
         fastest = max(have, key=lambda t: (t.metrics[speed], -t.number))
         if fastest is not cheapest and cheapest.metrics[key] > 0:
             ratio = fastest.metrics[key] / cheapest.metrics[key]
-            text += (f", {ratio:.1f}x cheaper than the fastest (trial {fastest.number} on {on_what(spec, fastest)}, "
-                     f"{_usd(fastest.metrics[key])})")
+            than = f"trial {fastest.number} on {on_what(spec, fastest)}, {_usd(fastest.metrics[key])}"
+            text += (f", {ratio:.1f}x cheaper than the fastest ({than})" if round(ratio, 1) > 1.0 else
+                     f", as cheap as the fastest within 5% ({than})")
         elif fastest is cheapest:
             text += ", and it is also the fastest"
     swept = outcome.sweep_usd
     if swept is not None:
-        text += f". The sweep cost {_usd(swept)}"
+        short = outcome.sweep_usd_short
+        text += f". The sweep cost {'at least ' if short else ''}{_usd(swept)}" + (f" ({short})" if short else "")
     used = sorted({priced_type(spec, str(t.params.get('accelerator_type') or '')) or "" for t in outcome.trials} - {""})
-    prices = "; ".join(f"{k} ${p.usd_per_hour:g}/{'GPU' if spec.scaling.use_gpu else 'core'}-hour, {p.date}, {p.source}"
-                       for k in used if (p := spec.cost.price(k)) is not None)
-    return text + (f" (prices: {prices})" if prices else "") + "."
+    prices = "; ".join(f"{k} ${p.usd_per_hour:g}/{'GPU' if spec.scaling.use_gpu else 'core'}-hour, {p.date}, "
+                       f"{free(p.source)}" for k in used if (p := spec.cost.price(k)) is not None)
+    text += (f" (prices: {prices})" if prices else "") + "."
+    wrong = [w for t in outcome.trials if (w := mispriced(spec, t))]
+    if wrong:
+        text += f" Caution, {free('; '.join(wrong))}: pin the trials to a type (space.accelerator_type) or price it."
+    return text
 
 
-def planned_usd(spec: SweepSpec, trials: int, boxed_s: float, shapes: tuple[list[int], int]) -> str:
+def planned_usd(spec: SweepSpec, trials: int, boxed_s: float, counts: list[int]) -> str:
     """The planned cost's words in money: what `trials` trials of at most `boxed_s` seconds of training each
-    cost at the spec's prices (`shapes`: the space's worker counts and its most loader workers per rank; a
-    range where the space searches what the price depends on); "" unpriced."""
+    cost at the spec's prices (`counts`: the space's worker counts; a range only where the space searches
+    what a trial's price depends on: its type, its ranks, and without warm groups its loader workers);
+    "" unpriced."""
     if spec.cost is None or not boxed_s:
         return ""
-    counts, most_loaders = shapes
-    rates = [usd_per_hour(spec, kind, n, k) for kind in accelerator_types(spec) for n in counts
-             for k in sorted({0, most_loaders})]
+    loaders = sorted({int(v) for v in param_values(spec.space.held("num_dataloader_workers"))})
+    rates = [usd_per_hour(spec, kind, n, k) for kind in accelerator_types(spec) for n in counts for k in loaders]
     low, high = min(rates), max(rates)
     if not high:
         return ""

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sweeps.spec import SweepSpec
-from trainables.contract import ELAPSED_S, EVALS, FINAL, STEPS, TARGET_BEST, TIME_TO_TARGET_S
+from trainables.contract import ELAPSED_S, EVALS, FINAL, STEPS, TARGET_BEST, TO_TARGET_METRICS
 from trainables.knobs import KNOBS
 
 
@@ -58,7 +58,7 @@ def end_status(spec: SweepSpec, metrics: dict[str, Any], tripped: str, out_of_ti
     obj = spec.objective
     if metrics.get(FINAL) == 1:
         missing = [m for m in (*obj.metrics, *(c.metric for c in obj.constraints)) if m not in metrics]
-        if obj.target is not None and TIME_TO_TARGET_S in missing:  # ran its whole budget short of the target
+        if obj.target is not None and set(missing) & set(TO_TARGET_METRICS):  # its whole budget short of the target
             best = metrics.get(TARGET_BEST)
             return "infeasible", (f"did not reach {obj.target} within the budget (best {obj.target.metric}="
                                   f"{best:.4g} in {metrics.get(EVALS, 0)} evaluations)" if best is not None else
@@ -134,7 +134,8 @@ class SweepOutcome:
     stopped_reason: str = ""  # set when the circuit breaker stopped the sweep early
     interrupted: str = ""  # set when the sweep stopped before its end and can be resumed (why)
     exhausted: str = ""  # set when the search ran out of configurations before num_trials (what it did then)
-    sweep_usd: float | None = None  # what the sweep cost at the spec's prices (None: unpriced)
+    sweep_usd: float | None = None  # what the sweep held at the spec's prices (None: unpriced)
+    sweep_usd_short: str = ""  # why sweep_usd is only a lower bound ("": it is the whole cost)
 
     def ranked(self) -> list[TrialRow]:
         """Finished, feasible trials, best first by the (first) objective; failed ones never rank."""

@@ -16,6 +16,7 @@ trial slower than another only within that bar is no evidence against what it ra
 
 from __future__ import annotations
 
+import json
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +36,7 @@ from trainables.contract import (
     METRIC_KEY,
     SCALING_EFFICIENCY_PCT,
     STEP_TIME_MS,
+    SWEEP_USD,
     THROUGHPUT_UNITS,
     TRIAL_USD,
     throughput_cv_key,
@@ -280,12 +282,17 @@ def load_outcome(client: Any, name_or_run_id: str) -> SweepOutcome:
                          "check --tracking-uri or the sweep name")
     run_id = parent.info.run_id
     with tempfile.TemporaryDirectory(prefix="sweep-spec-") as tmp:  # MLflow's own temp folder would stay
-        spec = parse_spec(Path(client.download_artifacts(run_id, "spec.yaml", tmp)).read_text(), f"spec.yaml of run {run_id}")
+        text = Path(client.download_artifacts(run_id, "spec.yaml", tmp)).read_text()
+        prices = None  # what its price file said when the sweep started: read back, not the file again
+        if any(f.path == "prices.json" for f in client.list_artifacts(run_id)):
+            prices = json.loads(Path(client.download_artifacts(run_id, "prices.json", tmp)).read_text())
+        spec = parse_spec(text, f"spec.yaml of run {run_id}", prices=prices)
     rows = rows_from_runs(child_runs(client, parent.info.experiment_id, run_id))
     elapsed = ((parent.info.end_time or parent.info.start_time) - parent.info.start_time) / 1000
     tags = parent.data.tags
     outcome = SweepOutcome(spec, run_id, client.tracking_uri, rows, elapsed, tags.get("sweep.stopped", ""),
-                           tags.get("sweep.interrupted", ""), tags.get("sweep.exhausted", ""))
+                           tags.get("sweep.interrupted", ""), tags.get("sweep.exhausted", ""),
+                           parent.data.metrics.get(SWEEP_USD), tags.get("sweep.cost_at_least", ""))
     revise_verdicts(outcome)  # as the sweep does at its end; a no-op where it logged its revision
     return outcome
 

@@ -31,7 +31,7 @@ from sweeps.search.space import optuna_space
 from sweeps.search.state import current
 from sweeps.search.trials import fixed_knobs
 from sweeps.spec import PARAMS_PREFIX, ConstraintSpec, SweepSpec, TargetSpec
-from trainables.contract import ELAPSED_S, FINAL, STEPS, TIME_TO_TARGET_S, cv_key_of
+from trainables.contract import ELAPSED_S, FINAL, STEPS, TO_TARGET_METRICS, cv_key_of
 
 logger = logging.getLogger(__name__)
 
@@ -245,7 +245,7 @@ class SweepSearch(Searcher):
         result = result or {}
         raw = [result.get(m) for m in self._metrics]
         finished = result.get(FINAL) == 1  # else stopped early (ASHA, time budget, breaker)
-        if finished and TIME_TO_TARGET_S in self._metrics and TIME_TO_TARGET_S not in result:
+        if finished and any(m in self._metrics and m not in result for m in TO_TARGET_METRICS):
             # ran its whole budget without reaching the target: infeasible by the target's gap
             self._tell_infeasible(ot_trial, {str(c): max(c.violation(result.get(c.metric)), 1e-12)
                                              for c in self._constraints if isinstance(c, TargetSpec)})

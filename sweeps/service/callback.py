@@ -32,7 +32,7 @@ from sweeps.service.progress import Costs, TrialCost, progress_line
 from sweeps.service.trial import HALT_KEY, trace_dir
 from sweeps.spec import SweepSpec
 from sweeps.tracking import SweepTracker
-from trainables.contract import STEPS
+from trainables.contract import STEPS, TRIAL_USD
 
 
 def _trial_error(trial: Any) -> BaseException | None:
@@ -79,6 +79,8 @@ class SweepCallback(tune.Callback):
         self._ended: set[str] = set()
         self._began: dict[str, float] = {}  # monotonic time each trial started (this driver)
         self._cost: dict[str, float] = {}  # each ended trial's own wall time, start to end: what the ETA uses (`Costs`)
+        self._prior_usd: dict[str, float] = {}  # what a trial run again (after a resume) cost in its earlier attempts
+        self.charged: dict[str, float] = {}  # what each trial this driver ran cost in it (`charge`)
         self.halted = ""  # why a trial asked to halt the sweep (HALT_KINDS)
         self.queue: Any = None  # the warm pool's queue, when the sweep has one
         self.trials_dir = ""  # where the trials keep their checkpoints and traces (the controller sets it)
@@ -101,6 +103,9 @@ class SweepCallback(tune.Callback):
             row = TrialRow(trial.trial_id, max((r.number for r in self.rows.values()), default=0) + 1, params)
             self.rows[trial.trial_id] = row
         row.status, row.reason = "running", ""  # a resumed trial starts over in the same MLflow run
+        prior = row.metrics.get(TRIAL_USD)
+        if isinstance(prior, (int, float)):  # its interrupted attempt cost money too: its cost adds up
+            self._prior_usd[trial.trial_id] = float(prior)
         self._started.add(trial.trial_id)
         self._began[trial.trial_id] = time.time()  # wall clock: compared with the queue's (same node)
         self.tracker.trial_started(trial.trial_id, row.number, params)
@@ -168,16 +173,25 @@ class SweepCallback(tune.Callback):
         self.state.failures[trial.trial_id] = kind  # the searcher learns from it (infeasible or not)
         self._finish(trial.trial_id, kind, reason)
 
+    def charge(self, trial_id: str) -> None:
+        """What the trial held, from its start in this driver to its end (or now, for one interrupted), at its
+        price, added to what its earlier attempts cost: `cost/trial_usd` (a failed trial costs money too)."""
+        if trial_id not in self._began:
+            return
+        row = self.rows[trial_id]
+        began, ended = self._pool_span(trial_id)
+        self._cost[trial_id] = (ended or time.time()) - max(self._began[trial_id], began or 0.0)
+        spent = trial_usd(self.spec, row.params, self._cost[trial_id])
+        if spent:
+            self.charged[trial_id] = spent[TRIAL_USD]
+            spent[TRIAL_USD] += self._prior_usd.get(trial_id, 0.0)
+            row.metrics.update(spent)
+            self.tracker.trial_result(trial_id, spent, step=int(row.metrics.get(STEPS, 0)))
+
     def _finish(self, trial_id: str, status: str, reason: str) -> None:
         self._ended.add(trial_id)
         row = self.rows[trial_id]
-        if trial_id in self._began:
-            began, ended = self._pool_span(trial_id)
-            self._cost[trial_id] = (ended or time.time()) - max(self._began[trial_id], began or 0.0)
-            spent = trial_usd(self.spec, row.params, self._cost[trial_id])  # a failed trial costs money too
-            if spent:
-                row.metrics.update(spent)
-                self.tracker.trial_result(trial_id, spent, step=int(row.metrics.get(STEPS, 0)))
+        self.charge(trial_id)
         if self.queue is not None:  # Tune ended it: a warm group still running (or queueing) it stops
             self.queue.cancel.remote(trial_id)
         row.status, row.reason = status, reason

@@ -17,7 +17,7 @@ import ray
 from ray import tune
 from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
-from sweeps.results.money import sweep_usd
+from sweeps.results.money import groups_usd, sweep_total
 from sweeps.results.outcome import UNFINISHED, SweepOutcome
 from sweeps.results.quality import annotate, log_updates
 from sweeps.results.report import rows_from_runs, sweep_note
@@ -25,7 +25,6 @@ from sweeps.results.sol import SpeedOfLight
 from sweeps.results.verdict import revise_verdicts
 from sweeps.search.searcher import make_scheduler, make_searcher
 from sweeps.search.state import SearchState, running
-from sweeps.search.trials import max_loader_workers
 from sweeps.service.breaker import BreakerStopper
 from sweeps.service.callback import SweepCallback, live
 from sweeps.service.pool import WarmPool
@@ -59,8 +58,7 @@ class SweepController:
         self.parent = saved.parent_run_id if saved is not None else ""
         self.probe_tags: dict[str, str] = {}
         self.probe_s = 0.0
-        self.probe_spent: list[tuple[tuple[int, str], float]] = []  # each probed shape's seconds (its price)
-        self.probe_starts = range(0)  # the warm-group starts the probe waited for: in its seconds already
+        self.state = saved  # what the sweep keeps on disk (a new sweep's once its parent run exists)
         self.t0 = time.monotonic()
 
     def run(self) -> SweepOutcome:
@@ -92,6 +90,7 @@ class SweepController:
                     self.echo(f"speed of light for {key}: {source}")
                 if self.saved is None:  # a new sweep: what it will cost, with a warm group's start measured here
                     self.echo(planned_cost(self.spec, self._first_group_s()))
+                self._keep(began=time.time())  # this driver's run, in the sweep's ledger of what it held
                 return self._fit(tuner, callback)
 
     def _callback(self) -> SweepCallback:
@@ -118,7 +117,11 @@ class SweepController:
         self.parent = self.tracker.start_sweep(
             spec.name, spec.description, self.spec_text,
             tags={f"sweep.cluster.{k}": v for k, v in resources.items()} | {"sweep.objective": spec.objective.describe()})
-        SweepState(self.spec_text, self.token, self.parent, self.tracker.uri).write(self.exp_dir)
+        prices = spec.cost.saved() if spec.cost is not None and spec.cost.price_file is not None else None
+        self.state = SweepState(self.spec_text, self.token, self.parent, self.tracker.uri, prices=prices)
+        self.state.write(self.exp_dir)
+        if prices is not None:  # beside the spec: `sweeps report` reads them back from any directory
+            self.tracker.client.log_dict(self.parent, prices, "prices.json")
         self.echo(concurrency_note(spec, cluster))
         self.echo(f"sweep {spec.name}: {spec.budget.num_trials} trials, objective {spec.objective.describe()}; "
                   f"MLflow parent run {self.parent} at {self.tracker.uri}")
@@ -140,10 +143,9 @@ class SweepController:
             if self.pool is not None and self.spec.search.probe_batch_size:  # before the search: bounds it
                 from sweeps.service.probe import probe_frontier
 
-                probe_t0, before = time.monotonic(), len(self._group_starts())
-                self.probe_tags = probe_frontier(self.spec, self.pool.queue, self.search, self.echo, self.probe_spent)
+                probe_t0 = time.monotonic()
+                self.probe_tags = probe_frontier(self.spec, self.pool.queue, self.search, self.echo)
                 self.probe_s = time.monotonic() - probe_t0
-                self.probe_starts = range(before, len(self._group_starts()))
             tuner.fit()
             ok = True
         except KeyboardInterrupt:  # a second signal: stop at once (the trials' state is kept, no figures drawn)
@@ -151,26 +153,47 @@ class SweepController:
             raise
         finally:
             wall = time.monotonic() - self.t0
+            groups = None
             try:
-                if self.pool is not None:  # its groups wind down (~1.5 s of Ray Train teardown) meanwhile
-                    self.pool.close()
+                for trial_id in callback.unfinished():  # an interrupted attempt held its devices too
+                    callback.charge(trial_id)
+                if self.pool is not None:  # waited for: what its groups held is priced to their end
+                    groups = self.pool.join(timeout_s=10.0 if hurried else 30.0)
                 outcome = self._conclude(callback, ok, wall, report=not hurried)
             finally:
-                groups = self.pool.join(timeout_s=10.0 if hurried else 30.0) if self.pool is not None else None
                 this_run = [r for r in callback.rows.values() if r.trial_id in callback.started()]
                 if not hurried:  # its groups were not waited for: no count to give
                     self.echo(overhead_line(this_run, wall, groups, self.probe_s))
                 TERMINAL.close()  # the live status line gives way to the final output
         return outcome
 
-    def _group_starts(self) -> list[tuple[Any, float, str]]:
-        """Each warm group's start so far (its shape, seconds, why): what the sweep paid beyond its trials."""
-        if self.pool is None:
-            return []
+    def _held_usd(self, callback: SweepCallback) -> tuple[float, str]:
+        """What the sweep held at its prices, across its drivers (`money.sweep_total`): this driver's warm
+        groups from start to end (its trials and probe ran inside them), or without a pool its trials; kept in
+        the sweep's ledger so that a resumed sweep adds to it."""
+        whole = True
+        if self.pool is not None:
+            this_run = groups_usd(self.spec, self.pool.lives)
+            whole = all(ended for _, _, ended in self.pool.lives)
+        else:
+            this_run = sum(callback.charged.values())
+        drivers = self.state.drivers if self.state is not None else []
+        self._keep(held_usd=this_run)
+        return sweep_total([d.get("held_usd") for d in drivers[:-1]], this_run, whole)
+
+    def _keep(self, **entry: Any) -> None:
+        """This driver's entry in the sweep's ledger (`SweepState.drivers`): opened when it starts (so a
+        driver killed outright leaves an entry that never says what it held), filled when it concludes."""
+        if self.state is None:
+            return
+        if "began" in entry:
+            self.state.drivers.append(entry)
+        elif self.state.drivers:
+            self.state.drivers[-1].update(entry)
         try:
-            return list(ray.get(self.pool.queue.group_starts.remote(), timeout=10))
-        except Exception:  # noqa: BLE001 - the money figure then leaves the starts out; the trials are done
-            return []
+            self.state.write(self.exp_dir)
+        except OSError as exc:  # the figures still stand; a resume would count this driver's cost as unknown
+            self.echo(f"WARNING: could not save what this run held in {self.exp_dir} ({exc.strerror or exc})")
 
     def _first_group_s(self, timeout_s: float = 120.0) -> float | None:
         """What the pool's first warm group took to start (waiting for it, at most `timeout_s`: an autoscaling
@@ -197,14 +220,14 @@ class SweepController:
             tracker.trial_ended(row.trial_id, False, row.status, row.reason, {})
         outcome = SweepOutcome(spec, self.parent, tracker.uri, sorted(callback.rows.values(), key=lambda r: r.number),
                                wall, s.tripped, interrupted, s.exhausted if not interrupted else "")
-        self._close_parent(outcome)
+        self._close_parent(outcome, callback)
         if interrupted:
             echo(f"the sweep did not finish ({interrupted}); continue it with: {resume_command(spec)}")
         if outcome.trials and not tracker.pending and report:
             self._publish_report(outcome)
         return outcome
 
-    def _close_parent(self, outcome: SweepOutcome) -> None:
+    def _close_parent(self, outcome: SweepOutcome, callback: SweepCallback) -> None:
         """The sweep-level figures on the trials' runs (quality, revised verdicts), then the parent run's
         metrics, tags and answer; what MLflow did not take is said, never silently dropped."""
         spec, tracker, echo = self.spec, self.tracker, self.echo
@@ -216,12 +239,13 @@ class SweepController:
         metrics = {spec.objective.primary: float(best.metrics[spec.objective.primary])} if best else {}
         tags = {"sweep.trials_ok": str(len(outcome.ranked())), "sweep.trials_total": str(len(outcome.trials)),
                 **self.probe_tags, "sweep.quality_guardrail": quality_note}
-        starts = [s for i, s in enumerate(self._group_starts()) if i not in self.probe_starts]
-        outcome.sweep_usd = sweep_usd(outcome, starts, max_loader_workers(spec), self.probe_spent)
-        if outcome.sweep_usd is not None:
+        if spec.cost is not None:
+            outcome.sweep_usd, outcome.sweep_usd_short = self._held_usd(callback)
             metrics[SWEEP_USD] = outcome.sweep_usd
             tags["sweep.prices"] = "; ".join(f"{k}: ${p.usd_per_hour:g}/h, {p.date}, {p.source}"
-                                             for k, p in spec.cost.prices.items())[:5000]  # type: ignore[union-attr]
+                                             for k, p in spec.cost.prices.items())[:5000]
+            if outcome.sweep_usd_short:
+                tags["sweep.cost_at_least"] = outcome.sweep_usd_short[:5000]
         for key, said in (("sweep.stopped", outcome.stopped_reason), ("sweep.interrupted", outcome.interrupted),
                           ("sweep.exhausted", outcome.exhausted)):
             if said:

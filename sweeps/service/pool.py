@@ -66,6 +66,8 @@ class Queue:
         self._ended: dict[str, float] = {}  # trial -> when its group posted its final report
         self._starting: dict[int, tuple[float, Shape, str]] = {}  # slot -> (since, shape, why) of a group starting
         self._starts: list[tuple[Shape, float, str]] = []  # each group's (shape, seconds to its first take, why)
+        self._lives: list[tuple[Shape, float, float | None]] = []  # each group's (shape, asked for, ended or None)
+        self._living: dict[int, int] = {}  # slot -> its group's index in _lives
         self._closed = False
 
     # -- the Tune trial's side ---------------------------------------------------------------
@@ -106,6 +108,23 @@ class Queue:
         that failed); its start ends when the group first asks for a trial."""
         with self._cv:
             self._starting[slot] = (time.time(), shape, why)
+            self._living[slot] = len(self._lives)
+            self._lives.append((shape, time.time(), None))
+
+    def group_ended(self, slot: int) -> None:
+        """A slot's group ended (its Train run returned or failed, its workers released)."""
+        with self._cv:
+            i = self._living.pop(slot, None)
+            if i is not None:
+                shape, began, _ = self._lives[i]
+                self._lives[i] = (shape, began, time.time())
+
+    def group_lives(self) -> list[tuple[Shape, float, bool]]:
+        """What each group held: (its shape, seconds from asking for its devices to its end or now, whether
+        it has ended). A group's devices are the sweep's for all that time, between trials too."""
+        with self._cv:
+            now = time.time()
+            return [(shape, (end or now) - began, end is not None) for shape, began, end in self._lives]
 
     def group_starts(self) -> list[tuple[Shape, float, str]]:
         """Each group started so far: (its shape, the seconds until it first asked for a trial, why)."""
@@ -284,6 +303,9 @@ class GroupSupervisor:
                 ray.get(queue.group_failed.remote(slot, exc))
                 logger.info("slot %d: group %d retired (%s)", slot, groups, type(exc).__name__)
                 why = "replace"
+            finally:
+                ray.get(queue.group_ended.remote(slot))  # its devices are free from here: priced to here
+            if why == "replace":
                 time.sleep(0.5)
         return groups
 
@@ -304,6 +326,7 @@ class WarmPool:
                             for _ in range(slots)]
         self.runs = [s.run.remote(self.queue, i, spec, storage_path, f"{spec.name}-warm", workdir)
                      for i, s in enumerate(self.supervisors)]
+        self.lives: list[tuple[Shape, float, bool]] = []  # each group's shape, seconds held, ended (after `join`)
 
     def close(self) -> None:
         """Ask every group to finish (their Ray Train runs wind down meanwhile: see `join`)."""
@@ -316,6 +339,7 @@ class WarmPool:
         self.close()
         ray.wait(self.runs, num_returns=len(self.runs), timeout=timeout_s)
         starts = ray.get(self.queue.group_starts.remote())
+        self.lives = list(ray.get(self.queue.group_lives.remote()))
         for actor in [*self.supervisors, self.queue]:
             ray.kill(actor)
         return list(starts)

@@ -27,7 +27,6 @@ import dataclasses
 import itertools
 import re
 import tempfile
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -124,11 +123,10 @@ def _names(setting: dict[str, Any], searched: set[str]) -> tuple[str, str]:
     return line, re.sub(r"[^\w.\-]", "_", tag)  # the characters MLflow allows in a tag's key
 
 
-def probe_frontier(spec: SweepSpec, queue: Any, state: SearchState, echo: Callable[[str], None],
-                   spent: list[tuple[tuple[int, str], float]] | None = None) -> dict[str, str]:
+def probe_frontier(spec: SweepSpec, queue: Any, state: SearchState, echo: Callable[[str], None]) -> dict[str, str]:
     """Probe every combination of memory settings (`memory_settings`) and tell the search what it
     learnt; returns the parent run's tags (`sweep.probe.<precision>[.compile][.params.<name>.<value>]`).
-    `spent` gets each combination's shape (workers, accelerator type) and seconds: what prices the probe."""
+    It runs in the sweep's warm groups, which are priced whole (`sweeps.results.money.groups_usd`)."""
     space = spec.space
     searched = space.searched()
     others = {k: _first(p) for k, p in searched.items()
@@ -138,10 +136,7 @@ def probe_frontier(spec: SweepSpec, queue: Any, state: SearchState, echo: Callab
     tags: dict[str, str] = {}
     for setting in memory_settings(spec):
         knobs = {**fixed_knobs(spec), **others, **setting}
-        t0 = time.monotonic()
         lo, hi, tried, note = _frontier(queue, spec, knobs, candidates)
-        if spent is not None:
-            spent.append(((int(knobs["num_workers"]), str(knobs.get("accelerator_type") or "")), time.monotonic() - t0))
         failed = candidates[hi] if hi < len(candidates) else None
         state.record_probe(knobs, failed, measured=not note)
         name, tag = _names(setting, set(searched))

@@ -19,7 +19,7 @@ from typing import Any, TextIO
 from sweeps.results.money import planned_usd
 from sweeps.results.outcome import MEASURED, NOT_FAILED, UNFINISHED, TrialRow, at_word
 from sweeps.search.plan import SIZE, SizeRuns, planned_trials, size_changes
-from sweeps.search.trials import first_workers, max_loader_workers, trial_clock, worker_counts
+from sweeps.search.trials import first_workers, trial_clock, worker_counts
 from sweeps.spec import CategoricalParam, FixedParam, SweepSpec
 from trainables.contract import DATA_PREP_S, LOOP_S, TRIAL_IN_GROUP, WARMUP_S, WARMUP_STEPS_S, WINDOW_S, cv_key_of
 
@@ -112,7 +112,7 @@ def planned_cost(spec: SweepSpec, group_start_s: float | None = None) -> str:
     else:
         each = (f"<= {warmup:g} s of warm-up + <= {window:g} s measured (budget.max_warmup_s / max_window_s): "
                 f"{rounds} x {boxed:g} s = {rounds * boxed:.0f} s")
-    money = planned_usd(spec, n, boxed, (worker_counts(spec), max_loader_workers(spec)))
+    money = planned_usd(spec, n, boxed, worker_counts(spec))
     return (f"planned: {n} trial(s), {at_once} at a time, each time-boxed to {each} of training, plus each trial's "
             f"start-up and validation (measured by the first trial: the ETA uses what each finished trial cost)"
             f"{groups}{money}")

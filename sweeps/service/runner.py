@@ -23,7 +23,7 @@ from sweeps.service.state import (
     sweep_lock,
 )
 from sweeps.service.trial import start_train_coordinator
-from sweeps.spec import SpecError, SweepSpec
+from sweeps.spec import SpecError, SweepSpec, parse_spec
 from sweeps.store import absolute_uri
 from sweeps.tracking import SweepTracker
 
@@ -45,6 +45,10 @@ def run_sweep(spec: SweepSpec, spec_text: str, echo: Callable[[str], None] = ech
              "outside the job's temporary working copy ($SWEEPS_HOME, default ~/sweeps, on this node)")
     with sweep_lock(spec):
         state = SweepState.find(spec, spec_text, restart=restart, echo=echo)
+        if state is not None and state.prices is not None and spec.cost is not None and spec.cost.saved() != state.prices:
+            echo(f"cost.price_file ({spec.cost.price_file}) says other prices than when this sweep started; the "
+                 "sweep keeps the prices it started with, so that its trials compare (start a new sweep for the new ones)")
+            spec = parse_spec(spec_text, prices=state.prices).model_copy(update={"storage_path": spec.storage_path})
         # Before Ray starts: a dead MLflow server or an unusable store fails here, in seconds (sweeps.store).
         tracker = SweepTracker(uri, spec.tracking.experiment or spec.name, experiment_dir(spec) / "mlflow-pending.jsonl")
         if state is not None and not tracker.has_run(state.parent_run_id):

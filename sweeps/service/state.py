@@ -17,8 +17,9 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sweeps.errors import InputError
 from sweeps.spec import SpecError, SweepSpec, parse_spec
@@ -80,8 +81,11 @@ def _holder(path: Path) -> str:
 
 
 def spec_digest(spec: SweepSpec) -> str:
-    """Hash of the validated spec: comments, formatting and where it is stored do not count."""
-    return hashlib.sha256(spec.model_dump_json(exclude={"storage_path"}).encode()).hexdigest()
+    """Hash of the validated spec: comments, formatting and where it is stored do not count, nor what its
+    price file says now (the sweep keeps the prices it read: `SweepState.prices`)."""
+    from_file = spec.cost is not None and spec.cost.price_file is not None
+    exclude: dict[str, Any] = {"storage_path": True, **({"cost": {"prices"}} if from_file else {})}
+    return hashlib.sha256(spec.model_dump_json(exclude=exclude).encode()).hexdigest()
 
 
 _JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # what Ray's job supervisor hands the job's driver
@@ -112,12 +116,12 @@ def storage_root(storage_path: str) -> Path:
     return (outputs_root() / storage_path).resolve()
 
 
-def same_spec(saved_text: str, spec: SweepSpec) -> bool:
+def same_spec(saved_text: str, spec: SweepSpec, prices: dict[str, Any] | None = None) -> bool:
     """Whether the spec a sweep saved is `spec`: both validated by this version (a version that adds a field
     with a default, or moves one, gives both the same form), comments, formatting and the storage path not
     counting. A saved spec this version refuses is not the same."""
     try:
-        return spec_digest(parse_spec(saved_text)) == spec_digest(spec)
+        return spec_digest(parse_spec(saved_text, prices=prices)) == spec_digest(spec)
     except SpecError:
         return False
 
@@ -138,11 +142,15 @@ class SweepState:
     parent_run_id: str
     tracking_uri: str
     spec_sha256: str = ""
+    prices: dict[str, Any] | None = None  # what the spec's price file said when the sweep started (`CostSpec.saved`)
+    # each driver's run of the sweep: {"began": epoch s, "held_usd": what its groups and trials held, None until
+    # it concluded (a driver killed outright leaves None: its cost is not known)}
+    drivers: list[dict[str, Any]] = field(default_factory=list)
 
     def write(self, exp_dir: Path) -> None:
         exp_dir.mkdir(parents=True, exist_ok=True)
         if not self.spec_sha256:
-            self.spec_sha256 = spec_digest(parse_spec(self.spec_text))
+            self.spec_sha256 = spec_digest(parse_spec(self.spec_text, prices=self.prices))
         tmp = exp_dir / (STATE_FILE + ".tmp")
         tmp.write_text(json.dumps(asdict(self), indent=2))
         tmp.replace(exp_dir / STATE_FILE)  # atomic: a kill never leaves half a file
@@ -172,7 +180,7 @@ class SweepState:
                                   f"Rename the sweep (name: {spec.name}-2) or run it with --restart")
             return None
         state = cls.read(exp_dir)
-        if not same_spec(state.spec_text, spec):
+        if not same_spec(state.spec_text, spec, state.prices):
             raise SweepExists(f"a different sweep named {spec.name!r} already exists in {exp_dir} (its spec differs). {how}.")
         from ray import tune
 
@@ -192,5 +200,5 @@ def load_for_resume(storage_path: str, name: str) -> tuple[SweepSpec, str]:
         raise SweepExists(f"no sweep named {name!r} in {root}"
                           + (f"; sweeps there: {', '.join(found)}" if found else "") + ". Check --storage-path")
     state = SweepState.read(exp_dir)
-    spec = parse_spec(state.spec_text, f"{exp_dir / STATE_FILE}")
+    spec = parse_spec(state.spec_text, f"{exp_dir / STATE_FILE}", prices=state.prices)
     return spec.model_copy(update={"storage_path": str(root)}), state.spec_text

@@ -20,12 +20,13 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 from sweeps.spec.params import STRICT
 
 CPU = "cpu"  # the type a CPU trial not pinned to a node type is priced as
+SAVED_PRICES = "_saved_prices"  # in a cost section: the prices the sweep read from its price_file when it started
 _COLUMNS = ("accelerator_type", "usd_per_hour", "date", "source")
 
 
 class Price(BaseModel):
     model_config = STRICT
-    usd_per_hour: float = Field(gt=0, description="US dollars per device-hour: per GPU-hour for a GPU type, per "
+    usd_per_hour: float = Field(gt=0, allow_inf_nan=False, description="US dollars per device-hour: per GPU-hour for a GPU type, per "
                                 "core-hour for `cpu` or a CPU node type")
     date: datetime.date = Field(description="when the price was read (YYYY-MM-DD): prices change")
     source: str = Field(min_length=1, description="where it was read: a price page, a catalog file and its version, "
@@ -108,7 +109,11 @@ class CostSpec(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _from_file(cls, data: Any) -> Any:
-        """The file's prices become the section's (read once, at validation: a resumed sweep reads it again)."""
+        """The file's prices become the section's, read once when the sweep starts. A sweep keeps what it
+        read (`SAVED_PRICES`, put there by `sweeps.spec.load.parse_spec`): a resumed sweep and a report read
+        the same prices from any directory, whatever the file says now."""
+        if isinstance(data, dict) and data.get(SAVED_PRICES) is not None:
+            return {**{k: v for k, v in data.items() if k != SAVED_PRICES}, "prices": data[SAVED_PRICES]}
         if not isinstance(data, dict) or data.get("price_file") is None:
             return data
         if data.get("prices"):
@@ -127,6 +132,10 @@ class CostSpec(BaseModel):
 
     def price(self, kind: str) -> Price | None:
         return self.prices.get(kind)
+
+    def saved(self) -> dict[str, dict[str, Any]]:
+        """The prices as a sweep keeps them (JSON): what `parse_spec(..., prices=)` takes back."""
+        return {k: p.model_dump(mode="json") for k, p in self.prices.items()}
 
 
 # What a trial of a spec runs on and what it costs: read by the search (each trial's config), the
@@ -152,9 +161,21 @@ def priced_type(spec: Any, kind: str) -> str | None:
     return gpu_types[0] if len(gpu_types) == 1 else None
 
 
+def held_loader_workers(spec: Any, loader_workers: int) -> int:
+    """The loader workers' share a trial's ranks hold: in a warm group (`scaling.reuse_workers`), the most any
+    trial of the space starts, since the group is started with that many and holds them while it serves
+    any trial; a trial of its own holds its own."""
+    from sweeps.spec.params import param_values
+
+    if not spec.scaling.reuse_workers:
+        return loader_workers
+    return int(max(param_values(spec.space.held("num_dataloader_workers"))))
+
+
 def devices(spec: Any, num_workers: int, loader_workers: int) -> float:
-    """What a trial's price is multiplied by: its GPUs, or on CPU the cores it reserves (loaders included)."""
-    held = spec.scaling.per_trial(loader_workers, num_workers)
+    """What a trial's price is multiplied by: its GPUs, or on CPU the cores it holds (loaders included:
+    `held_loader_workers`)."""
+    held = spec.scaling.per_trial(held_loader_workers(spec, loader_workers), num_workers)
     return held["GPU"] if spec.scaling.use_gpu else held["CPU"]
 
 

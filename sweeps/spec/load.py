@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from sweeps.spec.cost import SAVED_PRICES
 from sweeps.spec.errors import RuleProblems, SpecError, SpecProblem
 from sweeps.spec.space import OPTIM_KNOBS, PARAMS_PREFIX
 from sweeps.spec.sweep import SweepSpec
@@ -85,8 +86,10 @@ def _problem(err: dict[str, Any], lines: dict[tuple[str, ...], int]) -> SpecProb
     return SpecProblem(".".join(loc), msg, value, line)
 
 
-def parse_spec(text: str, source: str = "<spec>") -> SweepSpec:
-    """Validate YAML text into a `SweepSpec` or raise `SpecError` listing every problem."""
+def parse_spec(text: str, source: str = "<spec>", prices: dict[str, Any] | None = None) -> SweepSpec:
+    """Validate YAML text into a `SweepSpec` or raise `SpecError` listing every problem. `prices`: those a
+    sweep of this spec read from its `cost.price_file` when it started (`CostSpec.saved`), used instead of
+    reading the file again."""
     try:
         loader = _NoAliasLoader(text)
         try:
@@ -101,6 +104,9 @@ def parse_spec(text: str, source: str = "<spec>") -> SweepSpec:
         raise SpecError(source, [SpecProblem("", f"not valid YAML: {reason}", line=line)]) from None
     if not isinstance(data, dict):
         raise SpecError(source, [SpecProblem("", "the spec must be a YAML mapping (key: value)", type(data).__name__)])
+    cost = data.get("cost")
+    if prices and isinstance(cost, dict) and cost.get("price_file") is not None:
+        data["cost"] = {**cost, SAVED_PRICES: prices}
     try:
         return SweepSpec.model_validate(data)
     except RuleProblems as exc:  # the rules across sections: each names its field first

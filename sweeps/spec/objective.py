@@ -13,6 +13,7 @@ from trainables.contract import (
     KNOWN_METRICS,
     SWEEP_LEVEL_METRICS,
     TIME_TO_TARGET_S,
+    TO_TARGET_METRICS,
     is_known_metric,
     target_problem,
 )
@@ -88,8 +89,9 @@ class ObjectiveSpec(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _ttt_mode(cls, data: Any) -> Any:
-        """time/to_target_s is minimised: fill the mode in when it is the only metric and no mode is given."""
-        if isinstance(data, dict) and data.get("metric") == TIME_TO_TARGET_S and "mode" not in data:
+        """Time or dollars to the target are minimised: fill the mode in when one is the only metric and no
+        mode is given."""
+        if isinstance(data, dict) and data.get("metric") in TO_TARGET_METRICS and "mode" not in data:
             return {**data, "mode": "min"}
         return data
 
@@ -123,11 +125,12 @@ class ObjectiveSpec(BaseModel):
             raise ValueError(f"give one mode per metric: {len(self.metrics)} metric(s) need a list of "
                              f"{len(self.metrics)} mode(s), e.g. mode: {['max'] * len(self.metrics)}"
                              if isinstance(self.metric, list) else "one metric takes one mode (max or min), not a list")
-        if TIME_TO_TARGET_S in self.metrics and self.target is None:
-            raise ValueError(f"{TIME_TO_TARGET_S} needs a target: add target: {{metric: loss/val, max: <value>}}")
         for metric, mode in zip(self.metrics, self.modes, strict=True):
-            if metric == TIME_TO_TARGET_S and mode != "min":
-                raise ValueError(f"{TIME_TO_TARGET_S} is a time: mode must be min")
+            if metric in TO_TARGET_METRICS and self.target is None:
+                raise ValueError(f"{metric} needs a target: add target: {{metric: loss/val, max: <value>}}")
+            if metric in TO_TARGET_METRICS and mode != "min":
+                raise ValueError(f"{metric} is {'a time' if metric.startswith('time/') else 'a price'} to reach "
+                                 "the target: mode must be min")
         return self
 
     @property
@@ -145,8 +148,9 @@ class ObjectiveSpec(BaseModel):
 
     @property
     def time_to_target(self) -> bool:
-        """Ranked by time to a target: ASHA then compares the target metric at equal training time."""
-        return self.target is not None and self.primary == TIME_TO_TARGET_S
+        """Ranked by what it takes to reach a target (time or dollars, `TO_TARGET_METRICS`): ASHA then
+        compares the target metric at equal training time, and a trial that never reached it missed it."""
+        return self.target is not None and self.primary in TO_TARGET_METRICS
 
     @property
     def primary_mode(self) -> str:
