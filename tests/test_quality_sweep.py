@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from sweeps.results.money import money_sentence
 from sweeps.results.quality import DEGRADED_TAG
 from sweeps.service.runner import run_sweep
 from sweeps.spec import parse_spec
@@ -63,6 +64,22 @@ tracking: {{uri: "sqlite:///{db}", experiment: asha}}
 storage_path: {storage}
 """
 
+USD_TTT = """\
+name: usd-ttt
+trainable: {{name: mlp-tabular}}
+space:
+  batch_size: 16
+  lr: {{type: categorical, choices: [1.0e-7, 1.0e-3]}}   # the first never reaches the target
+objective: {{metric: cost/usd_to_target, target: {{metric: loss/val, max: 0.17}}}}
+search: {{algorithm: grid}}
+budget: {{num_trials: 2, num_steps: 600, eval_every_steps: 10, num_warmup_steps: 2, report_interval_s: 0.5}}
+scaling: {{num_workers: 2, cpus_per_worker: 1}}
+cost: {{prices: {{cpu: {{usd_per_hour: 0.05, date: 2026-11-27, source: test price}}}}}}
+telemetry: {{period_s: 0}}
+tracking: {{uri: "sqlite:///{db}", experiment: usd}}
+storage_path: {storage}
+"""
+
 
 def _children(db: Path, experiment: str, parent: str) -> list:
     client = MlflowClient(f"sqlite:///{db}")
@@ -71,7 +88,7 @@ def _children(db: Path, experiment: str, parent: str) -> list:
 
 
 def test_equal_data_then_time_to_target(ray_cluster: None, tmp_path: Path, new_store: Callable[[Path], Path]) -> None:
-    for db in ("eq.db", "ttt.db", "asha.db"):
+    for db in ("eq.db", "ttt.db", "asha.db", "usd.db"):
         new_store(tmp_path / db)
     # equal data: global batch 32 and 128 train on the same 8192 samples; lr follows the batch (linear rule)
     text = EQUAL_DATA.format(db=tmp_path / "eq.db", storage=tmp_path / "eq")
@@ -113,3 +130,14 @@ def test_equal_data_then_time_to_target(ray_cluster: None, tmp_path: Path, new_s
     assert good.status == "ok" and good.metrics["loss/val"] <= 0.17, (good.status, good.reason)
     assert bad.status == "pruned" and "stopped by ASHA after" in bad.reason and "loss/val=" in bad.reason, (bad.status, bad.reason)
     assert bad.metrics["progress/steps"] < 600 and bad.metrics["loss/val"] > 0.17
+
+    # dollars to the target: the trial that misses it is measured and infeasible, the sweep runs on to its end
+    # and ranks by dollars to the target; the cheapest is the best
+    text = USD_TTT.format(db=tmp_path / "usd.db", storage=tmp_path / "usd")
+    outcome = run_sweep(parse_spec(text), text, echo=lambda line: None)
+    missed, reached = outcome.trials
+    assert (missed.status, reached.status) == ("infeasible", "ok"), [(t.status, t.reason) for t in outcome.trials]
+    assert "did not reach loss/val <= 0.17" in missed.reason and not outcome.stopped_reason
+    assert outcome.best is reached and reached.metrics["cost/usd_to_target"] == pytest.approx(
+        0.10 * reached.metrics["time/to_target_s"] / 3600)  # 2 cores at $0.05 a core-hour
+    assert money_sentence(outcome, str).startswith(f"**Cheapest: trial {reached.number}**")
