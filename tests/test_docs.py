@@ -117,3 +117,8 @@ def test_readme_quick_commands_run(tmp_path: Path) -> None:
     minimal.write_text(block.group(1))
     done = _sweeps("validate", str(minimal))
     assert done.returncode == 0 and "OK" in done.stdout, done.stderr
+
+
+def test_a_mapping_of_sections_is_listed_under_its_key() -> None:
+    paths = [r[0] for r in docs.spec_rows(SweepSpec)]
+    assert "cost.prices.<type>.usd_per_hour" in paths and "cost.prices.usd_per_hour" not in paths

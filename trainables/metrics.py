@@ -166,8 +166,9 @@ METRICS: tuple[Metric, ...] = (
     Metric("trace/skipped", "tag", "why a trial has no trace figures (warm-up too short, the split failed)",
            "a trace was split", final_only=True, nameable=False),
     Metric("cost/usd_per_hour", "$/h", "what the trial's devices cost per hour: its accelerator type's price "
-           "(`cost.prices`: per GPU-hour, or per core-hour on CPU) x its devices (its GPUs, or the CPU cores it "
-           "reserved: the param `cpus_reserved`)", _UNPRICED),
+           "(`cost.prices`: per GPU-hour, or per core-hour on CPU) x the devices it holds (its GPUs; on CPU its "
+           "cores, loader workers' share included: in a warm group the share the group holds, the most any trial "
+           "of the space starts; a trial of its own, the param `cpus_reserved`)", _UNPRICED),
     Metric("cost/usd_per_1m_<unit>", "$", "`cost/usd_per_hour` / (`throughput/<unit>_per_s` x 3600) x 10^6: "
            "dollars per million items at the measured throughput", _UNPRICED),
     Metric("cost/usd_to_target", "$", "`cost/usd_per_hour` x `time/to_target_s` / 3600",
@@ -175,10 +176,13 @@ METRICS: tuple[Metric, ...] = (
     Metric("cost/predicted_usd_to_target", "$", "`cost/usd_per_hour` x `predict/time_to_target_s` / 3600",
            _UNPRICED + ", or no prediction", final_only=True, sweep_level=True),
     Metric("cost/trial_usd", "$", "`cost/usd_per_hour` x the trial's own wall time, from its start to its final "
-           "report (a warm group's start-up is the sweep's, not a trial's)", _UNPRICED, final_only=True,
-           sweep_level=True),
-    Metric("cost/sweep_usd", "$", "on the parent run: the sum of its trials' `cost/trial_usd` and what its warm "
-           "groups' start-ups held (their devices x the seconds each start took)", _UNPRICED, final_only=True,
+           "report (a warm group's start-up is the sweep's, not a trial's), summed over its attempts (a trial "
+           "interrupted and run again by a resumed sweep)", _UNPRICED, final_only=True, sweep_level=True),
+    Metric("cost/sweep_usd", "$", "on the parent run: what the sweep held, summed over its drivers (a resumed "
+           "sweep's runs): each warm group's devices at its price from asking for them to the group's end (its "
+           "trials, the memory probe, its start-up, the time between trials and its teardown); without warm "
+           "groups, its trials' `cost/trial_usd`. A driver killed outright never said what it held: then the "
+           "figure is a lower bound and the tag `sweep.cost_at_least` says why", _UNPRICED, final_only=True,
            sweep_level=True, nameable=False),
     Metric("quality/gap_pct", "%", "`loss/val` vs the sweep's fp32 reference at equal data; past "
            "`quality.tolerance` the run is tagged `sweep.degraded`", "no fp32 reference at equal data",

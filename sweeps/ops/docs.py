@@ -77,6 +77,9 @@ def spec_rows(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str, 
         inner = next((a for a in (info.annotation, *typing.get_args(info.annotation)) if _section(a)), None)
         if inner is not None and name != "space" and "Param" not in str(inner):
             rows.append((path, "section", _default(info), "", info.description or ""))
+            if typing.get_origin(info.annotation) is dict:  # a mapping of sections: each entry under its key
+                extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+                path = f"{path}.<{extra.get('key_name', 'key')}>"
             rows += spec_rows(inner, f"{path}.")
             continue
         rows.append((path, _type(info.annotation), _default(info), _allowed(info), info.description or ""))

@@ -100,7 +100,7 @@ def read_price_file(path: str) -> dict[str, Price]:
 
 class CostSpec(BaseModel):
     model_config = STRICT
-    prices: dict[str, Price] = Field(default_factory=dict, description="each accelerator type's price per device-hour "
+    prices: dict[str, Price] = Field(default_factory=dict, json_schema_extra={"key_name": "type"}, description="each accelerator type's price per device-hour "
                                      "with its date and source, e.g. {H100: {usd_per_hour: 3.29, date: 2026-11-26, "
                                      "source: ...}}; GPU types by the name Ray labels them with, `cpu` per core-hour")
     price_file: str | None = Field(default=None, description="or a file of the same prices (CSV: accelerator_type,"
