@@ -30,6 +30,7 @@ scaling: {{reuse_workers: {reuse}}}
 tracking: {{uri: 'sqlite:///{db}', experiment: resume-test}}
 storage_path: {storage}
 seed: 5
+cost: {{prices: {{cpu: {{usd_per_hour: 0.05, date: 2026-11-27, source: test price}}}}}}
 """
 
 
@@ -122,6 +123,20 @@ def test_a_stopped_driver_resumes_without_losing_or_duplicating(ray_cluster: Non
     parents = client.search_runs([runs[0].info.experiment_id], "tags.`sweep.name` = 'resumable'")
     assert [p.info.run_id for p in parents] == [outcome.parent_run_id] and parents[0].data.tags["sweep.resumed"] == "1"
     assert parents[0].info.status == "FINISHED"
+
+    # what the sweep held, across the two drivers: each said what it held in the sweep's ledger, unless killed
+    held = [d["held_usd"] for d in SweepState.read(state_file.parent).drivers]
+    swept, tags = parents[0].data.metrics["cost/sweep_usd"], parents[0].data.tags
+    assert len(held) == 2 and held[1] is not None and held[1] > 0, held
+    if signals == (signal.SIGTERM,):  # both concluded: the whole cost, the interrupted attempt's included
+        assert held[0] is not None and swept == pytest.approx(held[0] + held[1]) and "sweep.cost_at_least" not in tags
+        spent = sorted(([m.value for m in client.get_metric_history(r.info.run_id, "cost/trial_usd")] for r in runs),
+                       key=len)
+        # trial 1 once; trial 2 after its interrupted attempt, then that attempt and the resumed one together
+        assert [len(h) for h in spent] == [1, 2] and spent[1][1] > spent[1][0] > 0, spent
+    elif signals[0] == signal.SIGKILL:  # the killed driver never said: the figure is a lower bound, and says so
+        assert held[0] is None and swept == pytest.approx(held[1])
+        assert "killed outright" in tags["sweep.cost_at_least"] and "The sweep cost at least $" in tags["mlflow.note.content"]
 
 
 def test_another_spec_under_the_same_name_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -90,7 +90,7 @@ class SweepController:
                     self.echo(f"speed of light for {key}: {source}")
                 if self.saved is None:  # a new sweep: what it will cost, with a warm group's start measured here
                     self.echo(planned_cost(self.spec, self._first_group_s()))
-                self._keep(began=time.time())  # this driver's run, in the sweep's ledger of what it held
+                self._keep(began=time.time(), held_usd=None)  # this driver's run, in the sweep's ledger of what it held
                 return self._fit(tuner, callback)
 
     def _callback(self) -> SweepCallback:
