@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from sweeps.results.effects import Effects
+from sweeps.results.effects import Effects, t_quantile, worse
 from sweeps.results.outcome import SweepOutcome, TrialRow
 from sweeps.results.report import answer
 from sweeps.results.verdict import revise_verdicts, verdict
@@ -90,6 +90,60 @@ def test_no_effect_is_claimed_where_nothing_can_be_separated() -> None:
     flat = _rows(list(itertools.product([1, 2], [16, 64], ["32", "bf16-mixed"], [32])), {"32": 1.0, "bf16-mixed": 1.0})
     e = Effects.fit(flat, ["precision", "batch_size", "num_workers"], TPUT).between("precision", "32", "bf16-mixed")  # type: ignore[union-attr]
     assert e is not None and not e.clear and str(e).endswith("; not clear)")
+
+
+@pytest.mark.parametrize(("p", "dof", "known"), [(0.975, 40, 2.0211), (0.975, 5, 2.5706), (0.975, 1, 12.7062),
+                                                 (0.995, 30, 2.7500), (0.975, 1000, 1.9623), (0.025, 12, -2.1788)])
+def test_the_t_quantile_is_exact_at_every_dof(p: float, dof: int, known: float) -> None:
+    assert math.isclose(t_quantile(p, dof), known, abs_tol=5e-5)  # the tables' 4 decimals (1.96 was 3% short at 40)
+
+
+def test_the_interval_is_students_t_past_30_dof() -> None:
+    """One knob, 21 trials at each level: the contrast is the difference of the two mean logs, its
+    standard error by hand, its 95% interval that error times t(0.975, 40) = 2.0211 (1.96 before)."""
+    rng = random.Random(5)
+    runs = {lv: [math.exp(rng.gauss(0.1 if lv == "bf16-mixed" else 0.0, 0.05)) for _ in range(21)] for lv in ("32", "bf16-mixed")}
+    rows = [TrialRow(f"{lv}{i}", i, {"precision": lv}, status="ok", metrics={TPUT: v})
+            for lv, vs in runs.items() for i, v in enumerate(vs)]
+    logs = {lv: [math.log(v) for v in vs] for lv, vs in runs.items()}
+    spread = sum(sum((y - sum(ys) / 21) ** 2 for y in ys) for ys in logs.values()) / 40
+    se = math.sqrt(spread * 2 / 21)
+    e = Effects.fit(rows, ["precision"], TPUT).between("precision", "32", "bf16-mixed")  # type: ignore[union-attr]
+    assert e is not None and math.isclose(math.log(e.high / e.ratio), 2.0211 * se, rel_tol=1e-4)
+
+
+def _null_sweep(seed: int, n: int = 48, knobs: int = 10) -> list[TrialRow]:
+    """`n` trials at random levels of `knobs` binary knobs that do nothing (k0..k9) and one that does,
+    precision bf16-mixed at 0.9x of 32, under 5% log-normal noise."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        params: dict[str, object] = {f"k{j}": rng.choice(["a", "b"]) for j in range(knobs)}
+        params["precision"] = rng.choice(["32", "bf16-mixed"])
+        tput = 1000.0 * (0.9 if params["precision"] == "bf16-mixed" else 1.0) * math.exp(rng.gauss(0.0, 0.05))
+        rows.append(TrialRow(f"t{i}", i, params, status="ok", metrics={TPUT: tput}))
+    return rows
+
+
+def test_many_null_knobs_are_not_called_clearly_worse_by_chance() -> None:
+    """10 knobs with no effect and one real, 100 seeded sweeps of 48 trials: each comparison's own 95%
+    interval lies below 1 for some null knob in about 1 - 0.975^10 = 22% of them (the verdicts vetoed
+    those suggestions before); jointly over the 11 comparisons (Bonferroni) in at most 2.5%. The real
+    0.9x is still clearly worse in every sweep."""
+    knobs = [f"k{j}" for j in range(10)]
+    own, joint, found = 0, 0, 0
+    for seed in range(100):
+        fx = Effects.fit(_null_sweep(seed), [*knobs, "precision"], TPUT)
+        assert fx is not None and fx.family == 11
+        nulls = [fx.between(k, "a", "b") for k in knobs]
+        own += any(e is not None and e.high < 1.0 for e in nulls)  # the rule before: one comparison's own 95%
+        vetoed = [e for e in nulls if e is not None and worse(e, "max")]
+        joint += bool(vetoed)
+        real = fx.between("precision", "32", "bf16-mixed")
+        found += real is not None and worse(real, "max")
+        said = [str(e) for e in nulls if e is not None and e.high < 1.0 and not vetoed]
+        assert all(s.endswith("; not clear over 11 comparisons)") for s in said), said
+    assert own >= 12 and joint <= 4 and found == 100, (own, joint, found)
 
 
 def test_one_rank_is_never_told_it_waits_for_other_ranks() -> None:

@@ -8,16 +8,23 @@ log of the objective on every searched knob that varied among the measured trial
                        + s[knob] x log2(value)              (a numeric knob with more than 6 levels)
 
 so `exp(b[k, a] - b[k, c])` is the ratio of the objective at level a to level c, all else equal, with a
-95% interval from the fit's residual spread (Student's t at n - p degrees of freedom). A trial whose
-objective is not positive, or not measured, is left out. With no more trials than terms, or knobs that
-always changed together, nothing can be separated: no effects (never a guess).
+95% interval from the fit's residual spread (Student's t at n - p degrees of freedom, its exact quantile).
+A trial whose objective is not positive, or not measured, is left out. With no more trials than terms, or
+knobs that always changed together, nothing can be separated: no effects (never a guess).
 
-An effect is *clear* when its interval excludes 1: "precision bf16-mixed vs 32: 0.47x (95% 0.40-0.55x;
-6 vs 6 trials)". The verdicts drop a suggestion the sweep measured clearly worse, citing the effect.
+The interval shown is each comparison's own 95%: "precision bf16-mixed vs 32: 0.47x (95% 0.40-0.55x;
+6 vs 6 trials)". An effect is *clear* when it stays clear of 1 at 95% *jointly* over every comparison the
+fit can be asked (Bonferroni, `Effects.family`); a comparison whose own interval excludes 1 but whose
+joint one does not is said "not clear over m comparisons". The verdicts drop a suggestion the sweep
+measured clearly worse, citing the effect: with 10 knobs that do nothing, each own interval lies below 1
+2.5% of the time, so some knob would look clearly worse in about 1 - 0.975^10 = 22% of such sweeps;
+jointly, in at most 2.5%.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -28,14 +35,44 @@ from sweeps.results.outcome import MEASURED, TrialRow
 from sweeps.results.outcome import number as _number
 
 MAX_LEVELS = 6  # a numeric knob with more measured levels than this is fitted as a slope per doubling
-# Student's t, two-sided 95%, by residual degrees of freedom (interpolated from below; 1.96 beyond 30)
-_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 12: 2.18,
-        15: 2.13, 20: 2.09, 30: 2.04}
+ALPHA = 0.05  # the intervals' 95%: each comparison's own, and every comparison's jointly for "clear"
 _PER_DOUBLING = "x2"
 
 
-def _t95(dof: int) -> float:
-    return 1.96 if dof > 30 else _T95[max(k for k in _T95 if k <= dof)]
+def _t_central(theta: float, dof: int) -> float:
+    """P(|T| <= sqrt(dof) tan(theta)) for Student's t with an integer `dof`: the finite series of
+    Abramowitz & Stegun 26.7.3 (odd dof) and 26.7.4 (even dof), exact up to rounding."""
+    c2, total = math.cos(theta) ** 2, 0.0
+    if dof % 2:
+        term = math.cos(theta)  # cos + 2/3 cos^3 + (2 4)/(3 5) cos^5 + ... up to cos^(dof-2)
+        for j in range(1, (dof - 1) // 2 + 1):
+            total += term
+            term *= c2 * (2 * j) / (2 * j + 1)
+        return 2 / math.pi * (theta + math.sin(theta) * total)
+    term = 1.0  # 1 + 1/2 cos^2 + (1 3)/(2 4) cos^4 + ... up to cos^(dof-2)
+    for j in range(1, dof // 2 + 1):
+        total += term
+        term *= c2 * (2 * j - 1) / (2 * j)
+    return math.sin(theta) * total
+
+
+@functools.lru_cache(maxsize=256)
+def t_quantile(p: float, dof: int) -> float:
+    """Student's t quantile: the t with P(T <= t) = `p` at `dof` (>= 1, integer) degrees of freedom.
+
+    Exact (no table, no normal approximation): the central probability's finite series is bisected on
+    the angle atan(t / sqrt(dof)), a bounded, monotone interval, to the float's last bit."""
+    if not 0.0 < p < 1.0 or dof < 1:
+        raise ValueError(f"t_quantile needs 0 < p < 1 and dof >= 1, got p={p}, dof={dof}")
+    if p < 0.5:
+        return -t_quantile(1.0 - p, dof)
+    want, low, high = 2.0 * p - 1.0, 0.0, math.pi / 2
+    for _ in range(200):
+        mid = (low + high) / 2
+        if mid in (low, high):
+            break
+        low, high = (mid, high) if _t_central(mid, dof) < want else (low, mid)
+    return math.sqrt(dof) * math.tan((low + high) / 2)
 
 
 def _level(value: Any) -> Any:
@@ -56,8 +93,9 @@ def _reference(knob: str, levels: list[Any]) -> Any:
 @dataclass(frozen=True)
 class Effect:
     """The objective at `value` of `knob` over the objective at `reference`, all else equal (`ratio`),
-    with its 95% interval and how many measured trials had each level. For a slope (`value` "x2"),
-    the ratio per doubling of the knob."""
+    with its own 95% interval (`low`-`high`), the interval that holds at 95% jointly with every other
+    comparison of the fit (`joint_low`-`joint_high`, over `family` comparisons) and how many measured
+    trials had each level. For a slope (`value` "x2"), the ratio per doubling of the knob."""
 
     knob: str
     value: Any
@@ -67,10 +105,14 @@ class Effect:
     high: float
     n_value: int
     n_reference: int
+    joint_low: float
+    joint_high: float
+    family: int
 
     @property
     def clear(self) -> bool:
-        return self.high < 1.0 or self.low > 1.0
+        """Clear of 1 jointly: what the verdicts act on (one comparison's own 95% is not enough, see `worse`)."""
+        return self.joint_high < 1.0 or self.joint_low > 1.0
 
     def __str__(self) -> str:
         def shown(v: Any) -> str:
@@ -79,19 +121,32 @@ class Effect:
         what = (f"{self.knob} doubled" if self.value == _PER_DOUBLING else
                 f"{self.knob} {shown(self.value)} vs {shown(self.reference)}")
         counts = "" if self.value == _PER_DOUBLING else f"; {self.n_value} vs {self.n_reference} trials"
-        return (f"{what}: {self.ratio:.2f}x (95% {self.low:.2f}-{self.high:.2f}x{counts}"
-                f"{'' if self.clear else '; not clear'})")
+        own_clear = self.high < 1.0 or self.low > 1.0
+        unclear = "" if self.clear else f"; not clear over {self.family} comparisons" if own_clear else "; not clear"
+        return f"{what}: {self.ratio:.2f}x (95% {self.low:.2f}-{self.high:.2f}x{counts}{unclear})"
 
 
 class Effects:
     """The fit (see the module doc) of `metric` over `rows` on `knobs`; `fit` returns None where nothing
     can be separated."""
 
-    def __init__(self, terms: list[tuple[str, Any]], coef: np.ndarray, cov: np.ndarray, t: float,
+    def __init__(self, terms: list[tuple[str, Any]], coef: np.ndarray, cov: np.ndarray, dof: int,
                  counts: dict[tuple[str, Any], int], references: dict[str, Any]) -> None:
         self._index = {term: i for i, term in enumerate(terms)}
-        self._coef, self._cov, self._t = coef, cov, t
+        self._coef, self._cov = coef, cov
         self.counts, self.references = counts, references
+        # The family "clear" is judged over: every comparison `between` answers, i.e. every pair of levels of a
+        # knob fitted per level (the table compares each level with the reference, the verdicts a trial's level
+        # with a neighbour or a named one), and each slope once (any two values of it test the same slope).
+        # Bonferroni, not Holm: Holm's threshold for one comparison depends on the others' p-values, so it
+        # gives no interval to cite and a verdict's "clearly worse" would change with the rest of the table;
+        # Bonferroni's alpha / m holds per comparison, jointly at 95% whatever their correlation, and errs
+        # towards keeping a suggestion (a wrong veto hides a move the user never sees again).
+        per_level = {knob for knob, v in terms if v != _PER_DOUBLING}
+        levels = [sum(knob == k for k, _ in counts) for knob in per_level]
+        self.family = sum(v == _PER_DOUBLING for _, v in terms) + sum(n * (n - 1) // 2 for n in levels)
+        self._t = t_quantile(1 - ALPHA / 2, dof)
+        self._t_joint = t_quantile(1 - ALPHA / (2 * self.family), dof)
 
     @classmethod
     def fit(cls, rows: list[TrialRow], knobs: list[str], metric: str) -> Effects | None:
@@ -124,7 +179,7 @@ class Effects:
         dof = len(measured) - x.shape[1]
         sigma2 = float(np.sum((y - x @ coef) ** 2)) / dof
         cov = sigma2 * np.linalg.inv(x.T @ x)
-        return cls(terms, coef[1:], cov[1:, 1:], _t95(dof), counts, references)
+        return cls(terms, coef[1:], cov[1:, 1:], dof, counts, references)
 
     def between(self, knob: str, here: Any, there: Any) -> Effect | None:
         """The objective at `there` over the objective at `here` for `knob`; None where the fit has no such
@@ -143,9 +198,11 @@ class Effects:
             mean = (self._coef[ib] if ib is not None else 0.0) - (self._coef[ia] if ia is not None else 0.0)
             var = ((self._cov[ib, ib] if ib is not None else 0.0) + (self._cov[ia, ia] if ia is not None else 0.0)
                    - (2 * self._cov[ia, ib] if ia is not None and ib is not None else 0.0))
-        half = self._t * math.sqrt(max(var, 0.0))
+        se = math.sqrt(max(var, 0.0))
+        half, joint = self._t * se, self._t_joint * se
         return Effect(knob, b, a, math.exp(mean), math.exp(mean - half), math.exp(mean + half),
-                      self.counts.get((knob, b), 0), self.counts.get((knob, a), 0))
+                      self.counts.get((knob, b), 0), self.counts.get((knob, a), 0),
+                      math.exp(mean - joint), math.exp(mean + joint), self.family)
 
     def neighbour(self, knob: str, here: Any, up: bool) -> Any:
         """The measured level next to `here` in one direction (a slope: double or half); None at the end."""
@@ -165,7 +222,8 @@ class Effects:
             if v == _PER_DOUBLING:
                 effect = self.between(knob, 1.0, 2.0)
                 if effect is not None:
-                    out.append(Effect(knob, _PER_DOUBLING, 1.0, effect.ratio, effect.low, effect.high, 0, 0))
+                    out.append(dataclasses.replace(effect, value=_PER_DOUBLING, reference=1.0, n_value=0,
+                                                   n_reference=0))
             else:
                 effect = self.between(knob, self.references[knob], v)
                 if effect is not None:
@@ -174,5 +232,7 @@ class Effects:
 
 
 def worse(effect: Effect, mode: str) -> bool:
-    """Whether the effect is clearly worse for an objective of `mode` ("max": higher is better)."""
-    return effect.high < 1.0 if mode == "max" else effect.low > 1.0
+    """Whether the effect is clearly worse for an objective of `mode` ("max": higher is better): its joint
+    interval (see the module doc) on the wrong side of 1, so that with many knobs and nothing real, at least
+    95% of sweeps veto no suggestion."""
+    return effect.joint_high < 1.0 if mode == "max" else effect.joint_low > 1.0

@@ -109,7 +109,10 @@ class SizeRuns:
     def expected_restarts(self, n: int) -> float:
         """Group restarts the next `n` trials are expected to cost: each change of count in the plan, and
         at each later run's start the chance that the sampler picks another count than the run before
-        ((k - 1) / k with k counts left; slots of concurrent trials aside)."""
+        ((k - 1) / k with k counts left; slots of concurrent trials aside). An expectation, not a forecast:
+        a sweep pays a whole number (12 trials over [1, 2]: 1 or 2 for the 1.5 planned), and which one
+        follows the count that measures faster, unknown before the sweep measured it
+        (`tests/test_search.py::test_the_restarts_the_plan_expects_are_what_the_runs_pay_on_average`)."""
         plan, k = self.upcoming(n), max(1, len([s for s in self.sizes if s not in self.exhausted]))
         known = [s for s in plan if s is not None]
         free = len(plan) - len(known)
