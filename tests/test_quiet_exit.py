@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from sweeps.service import trial
-from sweeps.service.trial import RAY_EXIT_ATTR, quiet_ray_exit
+from trainables import ray_worker
+from trainables.ray_worker import RAY_EXIT_ATTR, quiet_ray_exit
 
 # What one sweep printed (two sweeps at once on a busy 2-core machine), reproduced below:
 RECORDED = """\
@@ -86,7 +87,7 @@ def test_a_trial_quiets_its_actor_before_anything_else(monkeypatch: pytest.Monke
     monkeypatch.setattr(trial.tune, "get_context", no_context)
     with pytest.raises(Stop):
         trial.run_trial({}, spec=None, storage_path="")  # type: ignore[arg-type]
-    assert isinstance(sys.unraisablehook, trial._QuietRayExit)
+    assert isinstance(sys.unraisablehook, ray_worker._QuietRayExit)
 
 
 def _busy(marker: str, seconds: float) -> None:

@@ -188,7 +188,9 @@ def pool_worker(config: dict[str, Any]) -> None:
     import ray.train.torch
 
     from trainables.loop import train
+    from trainables.ray_worker import quiet_ray_exit
 
+    quiet_ray_exit()  # the group's placement group removed at its end: this rank's SIGTERM prints nothing
     queue, slot, group = config["queue"], int(config["slot"]), str(config["group"])
     origin = enter_workdir(config.get(WORKDIR))
     home = os.getcwd()

@@ -7,10 +7,45 @@ under plain `torchrun` on machines without Ray.
 from __future__ import annotations
 
 import contextlib
+import logging
+import sys
+from collections.abc import Callable
 from typing import Any
 
 from trainables.contract import TrialConfig
 from trainables.reporting import JsonlReporter, MultiReporter
+
+logger = logging.getLogger(__name__)
+
+# What Ray's exits carry: `ray._raylet.raise_sys_exit_with_custom_error_message` raises `SystemExit` with it
+# (tests/test_quiet_exit.py fails loudly when Ray stops doing so).
+RAY_EXIT_ATTR = "ray_terminate_msg"
+
+
+class _QuietRayExit:
+    """`sys.unraisablehook` of a Ray process (a trial's actor, a rank): an exit Ray raised where Python cannot raise (a weakref
+    callback, `__del__`) is left out; anything else goes to the hook it replaced."""
+
+    def __init__(self, previous: Callable[[Any], object]) -> None:
+        self.previous = previous
+
+    def __call__(self, unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, SystemExit) and hasattr(unraisable.exc_value, RAY_EXIT_ATTR):
+            logger.debug("Ray ended this process inside %r: %s", unraisable.object,
+                         getattr(unraisable.exc_value, RAY_EXIT_ATTR))
+            return
+        self.previous(unraisable)
+
+
+def quiet_ray_exit() -> None:
+    """Keep Ray's ending of this process (a trial's actor, or a Ray Train rank) out of the sweep's output. Tune ends a trial's
+    actor by removing its placement group; the raylet then sends the process SIGTERM (SIGKILL 200 ms later),
+    and Ray's handler raises `SystemExit(1)` in the main thread at its next Python instruction. Where that
+    is inside a weakref callback (a collected `WeakSet` member's `_remove`), Python cannot raise it: it prints
+    "Exception ignored in ... SystemExit: 1" with a traceback to the worker's stderr, which Ray forwards to
+    the driver's console, while the process ends all the same (ray-project/ray#13487). Idempotent."""
+    if not isinstance(sys.unraisablehook, _QuietRayExit):
+        sys.unraisablehook = _QuietRayExit(sys.unraisablehook)
 
 
 class RayTrainReporter:
@@ -32,6 +67,7 @@ def train_worker(config: dict[str, Any]) -> None:
 
     from trainables.loop import train
 
+    quiet_ray_exit()  # Ray Train's placement group removed at the run's end: this rank's SIGTERM prints nothing
     cfg = TrialConfig.from_dict(config)
     rank = ray.train.get_context().get_world_rank()
     reporter = MultiReporter(RayTrainReporter(), JsonlReporter(cfg.metrics_path, rank)) if cfg.metrics_path else RayTrainReporter()

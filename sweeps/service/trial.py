@@ -11,9 +11,8 @@ import functools
 import logging
 import os
 import shutil
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from sweeps.service.failures import HALT_KINDS, TRANSIENT_KINDS, TrialFailure, c
 from sweeps.service.resources import TRAIN_RUN_ENV
 from sweeps.spec import ScalingSpec, SweepSpec
 from trainables.contract import CHECKPOINT_FILE, FINAL, TrialConfig
+from trainables.ray_worker import quiet_ray_exit
 
 logger = logging.getLogger(__name__)
 
@@ -44,37 +44,6 @@ def _ask_to_halt(why: str) -> None:
     while time.monotonic() < deadline:
         tune.report({HALT_KEY: why})
         time.sleep(_HALT_EVERY_S)
-
-
-# What Ray's exits carry: `ray._raylet.raise_sys_exit_with_custom_error_message` raises `SystemExit` with it
-# (tests/test_quiet_exit.py fails loudly when Ray stops doing so).
-RAY_EXIT_ATTR = "ray_terminate_msg"
-
-
-class _QuietRayExit:
-    """`sys.unraisablehook` of a trial's actor: an exit Ray raised where Python cannot raise (a weakref
-    callback, `__del__`) is left out; anything else goes to the hook it replaced."""
-
-    def __init__(self, previous: Callable[[Any], object]) -> None:
-        self.previous = previous
-
-    def __call__(self, unraisable: Any) -> None:
-        if isinstance(unraisable.exc_value, SystemExit) and hasattr(unraisable.exc_value, RAY_EXIT_ATTR):
-            logger.debug("Ray ended this process inside %r: %s", unraisable.object,
-                         getattr(unraisable.exc_value, RAY_EXIT_ATTR))
-            return
-        self.previous(unraisable)
-
-
-def quiet_ray_exit() -> None:
-    """Keep Ray's ending of this process (a trial's actor) out of the sweep's output. Tune ends a trial's
-    actor by removing its placement group; the raylet then sends the process SIGTERM (SIGKILL 200 ms later),
-    and Ray's handler raises `SystemExit(1)` in the main thread at its next Python instruction. Where that
-    is inside a weakref callback (a collected `WeakSet` member's `_remove`), Python cannot raise it: it prints
-    "Exception ignored in ... SystemExit: 1" with a traceback to the worker's stderr, which Ray forwards to
-    the driver's console, while the process ends all the same (ray-project/ray#13487). Idempotent."""
-    if not isinstance(sys.unraisablehook, _QuietRayExit):
-        sys.unraisablehook = _QuietRayExit(sys.unraisablehook)
 
 
 # Ray Train's default callbacks a sweep's run can do without, found by class name: no public way to
