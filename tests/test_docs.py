@@ -122,3 +122,13 @@ def test_readme_quick_commands_run(tmp_path: Path) -> None:
 def test_a_mapping_of_sections_is_listed_under_its_key() -> None:
     paths = [r[0] for r in docs.spec_rows(SweepSpec)]
     assert "cost.prices.<type>.usd_per_hour" in paths and "cost.prices.usd_per_hour" not in paths
+
+
+def test_the_readme_opens_on_a_gpu_figure_with_its_machine_and_date() -> None:
+
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    first = re.search(r"!\[([^\]]*)\]\(([^)]+)\)", readme)
+    assert first is not None and (Path(__file__).resolve().parents[1] / first.group(2)).is_file()
+    said = first.group(1) + readme[first.end():first.end() + 400]
+    assert re.search(r"NVIDIA H(100|200)", said) and re.search(r"20\d\d-\d\d-\d\d", said), said
