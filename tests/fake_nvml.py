@@ -20,6 +20,7 @@ class FakeGpu:
     power_mw: int = 300_000
     energy_mj: int = 1_000_000
     gpm: bool = True
+    processes: int = 1  # compute processes on the GPU (the rank's own among them)
     failing: set[str] = field(default_factory=set)  # NVML functions that raise NVMLError now
 
 
@@ -82,6 +83,10 @@ class FakeNvml:
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int:
         return self.reasons
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[Any]:
+        g = self._gpu(h, "processes")
+        return [SimpleNamespace(pid=1000 + i, usedGpuMemory=1024**3) for i in range(g.processes)]
 
     def nvmlGpmQueryDeviceSupport(self, h: int) -> Any:
         return SimpleNamespace(isSupportedDevice=int(self.gpus[h].gpm))

@@ -56,6 +56,9 @@ H2D_GB_PER_S = "copy/h2d_gb_per_s"  # host->device bytes per second of the windo
 CPU_WORKER_PCT = "cpu/worker_util_mean_pct"  # % of one core, the training process itself
 CPU_LOADERS_PCT = "cpu/loader_util_mean_pct"  # % of one core, summed over its dataloader workers
 CPU_CORES_USED = "cpu/cores_used"  # cores busy, all ranks: training processes and their loader workers
+# What else used the trial's nodes and GPUs while its window ran (trainables.telemetry.other_cores)
+CPU_OTHER_CORES = "contention/cpu_other_cores"
+GPU_OTHER_PROCS = "contention/gpu_other_procs"
 MEM_HEADROOM_GIB = "memory/headroom_gib"
 MEM_TOTAL_GIB = "memory/total_gib"
 # Quality (time-to-target, equal data, noise scale)

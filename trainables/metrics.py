@@ -88,6 +88,13 @@ METRICS: tuple[Metric, ...] = (
            "over ranks", "no loader workers", ranks="mean"),
     Metric("cpu/cores_used", "cores", "cores busy for the whole trial (training processes and loader workers, all "
            "ranks); the param `cpus_reserved` is what it had"),
+    Metric("contention/cpu_other_cores", "cores", "what processes outside the trial kept busy on its busiest node "
+           "while the window ran: the node's busy CPU time (all processes, hypervisor steal included) less the "
+           "trial's own ranks and loader workers there, per second of the window; another sweep's trial, a "
+           "build, a second user", "telemetry off (`telemetry.period_s: 0`), or a window shorter than two samples"),
+    Metric("contention/gpu_other_procs", "processes", "the most compute processes besides the rank's own seen on "
+           "any of the trial's GPUs (NVML) while the window ran", _NO_GPU + ", or NVML cannot list processes",
+           ranks="max"),
     Metric("gpu/util_mean_pct", "%", "NVML utilisation of each worker's own GPU (matched by UUID), mean", _NO_GPU,
            ranks="mean"),
     Metric("gpu/util_p10_pct", "%", "the same, 10th percentile", _NO_GPU, nameable=False, ranks="mean"),

@@ -102,6 +102,9 @@ class NvmlDevice:
         out["sm_clock_mhz"] = call(lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM))
         out["energy_j"] = _scale(call(lambda: n.nvmlDeviceGetTotalEnergyConsumption(h)), 1e-3)
         out["clock_reasons"] = call(lambda: n.nvmlDeviceGetCurrentClocksEventReasons(h))
+        procs = call(lambda: n.nvmlDeviceGetComputeRunningProcesses(h))
+        if procs is not None:  # the rank is one of them; NVML's pids are the host's, so count, never match
+            out["gpu_other_procs"] = float(max(0, len(procs) - 1))
         if self.gpm:
             out.update(self._gpm())
         return {k: v for k, v in out.items() if v is not None}
@@ -158,7 +161,9 @@ def _str(v: Any) -> str:
 
 
 class CpuReader:
-    """CPU use of this worker process and of its children (dataloader workers), in % of a core."""
+    """CPU use of this worker process and of its children (dataloader workers), in % of a core; and, as
+    counters for contention (`node_busy_s`, `own_cpu_s`), the CPU seconds every process of the node has
+    used (steal included: a hypervisor's other guests) and those this process and its children have."""
 
     def __init__(self) -> None:
         import psutil
@@ -166,6 +171,8 @@ class CpuReader:
         self._psutil = psutil
         self.proc = psutil.Process()
         self._known: dict[int, Any] = {}
+        self._gone_s = 0.0  # CPU seconds of children that have ended (not yet reaped into children_*)
+        self._last: dict[int, float] = {}
         self.proc.cpu_percent(None)
 
     def read(self) -> dict[str, float]:
@@ -181,7 +188,24 @@ class CpuReader:
                 loaders += known.cpu_percent(None)  # 0.0 on the first call for a new process
             except self._psutil.Error:
                 self._known.pop(child.pid, None)
-        return {"cpu_worker": worker, "cpu_loaders": loaders}
+        return {"cpu_worker": worker, "cpu_loaders": loaders, **self._counters(children)}
+
+    def _counters(self, children: list[Any]) -> dict[str, float]:
+        node = self._psutil.cpu_times()
+        busy = sum(float(getattr(node, f, 0.0)) for f in ("user", "nice", "system", "irq", "softirq", "steal"))
+        mine = self.proc.cpu_times()
+        own = mine.user + mine.system + mine.children_user + mine.children_system
+        seen: dict[int, float] = {}
+        for child in children:
+            try:
+                t = child.cpu_times()
+                seen[child.pid] = t.user + t.system
+            except self._psutil.Error:
+                pass
+        self._gone_s += sum(v for pid, v in self._last.items() if pid not in seen)  # ended since: kept
+        self._last = seen
+        return {"node_busy_s": busy, "own_cpu_s": own + sum(seen.values()) + self._gone_s,
+                "node_cores": float(self._psutil.cpu_count() or 0)}
 
 
 class Sampler:
@@ -222,8 +246,9 @@ class Sampler:
         self.sample_once()
 
     def window(self, since: int = 0) -> list[dict[str, float]]:
+        """The samples from `since` on, each with its time as `t` (the sampler's clock, seconds)."""
         with self._lock:
-            return [f for _, f in self.samples[since:]]
+            return [{**f, "t": t} for t, f in self.samples[since:]]
 
 
 def summarize(samples: list[dict[str, float]]) -> dict[str, float]:
@@ -249,7 +274,23 @@ def summarize(samples: list[dict[str, float]]) -> dict[str, float]:
     energy = values("energy_j")
     if len(energy) >= 2:
         out["energy/total_j"] = energy[-1] - energy[0]
+    out.update(_counter_deltas(samples))
+    others = values("gpu_other_procs")
+    if others:
+        out["contention/gpu_other_procs"] = max(others)
     return out
+
+
+def _counter_deltas(samples: list[dict[str, float]]) -> dict[str, float]:
+    """The window's CPU counters (`CpuReader`), for `trainables.telemetry.combine_ranks` to set against the other
+    ranks on the same node: the node's busy and this rank's own CPU seconds, per second of the window."""
+    have = [s for s in samples if "node_busy_s" in s and "own_cpu_s" in s and "t" in s]
+    if len(have) < 2 or have[-1]["t"] <= have[0]["t"]:
+        return {}
+    span = have[-1]["t"] - have[0]["t"]
+    return {"_node_busy_cores": (have[-1]["node_busy_s"] - have[0]["node_busy_s"]) / span,
+            "_own_cores": (have[-1]["own_cpu_s"] - have[0]["own_cpu_s"]) / span,
+            "_node_cores": have[-1].get("node_cores", 0.0)}
 
 
 def _mean(vs: list[float]) -> float:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
+from trainables.contract import CPU_OTHER_CORES
 from trainables.metrics import METRICS
 
 
@@ -99,10 +101,26 @@ def combine_ranks(summaries: list[dict[str, Any]]) -> dict[str, Any]:
         if not vals or len(vals) != len(summaries):
             continue
         out[key] = {"mean": sum(vals) / len(vals), "max": max(vals), "min": min(vals), "sum": sum(vals)}[how]
+    other = other_cores(summaries)
+    if other is not None:
+        out[CPU_OTHER_CORES] = other
     reasons = sorted({r for s in summaries for r in s.get("gpu/clock_reasons", "").split(",") if r})
     if any("gpu/clock_reasons" in s for s in summaries):
         out["gpu/clock_reasons"] = ",".join(reasons) or "none"
     return out
+
+
+def other_cores(summaries: list[dict[str, Any]]) -> float | None:
+    """Cores that processes outside the trial kept busy on its busiest node over the window: each node's busy
+    cores (every rank there reads the same counter: their mean) less what the trial's ranks there and their
+    loader workers used. None when a rank could not measure it (telemetry off, a window of one sample)."""
+    if not summaries or any("_node_busy_cores" not in s for s in summaries):
+        return None
+    nodes: dict[str, list[dict[str, Any]]] = {}
+    for s in summaries:
+        nodes.setdefault(str(s.get("_node", "")), []).append(s)
+    return max(max(0.0, sum(r["_node_busy_cores"] for r in ranks) / len(ranks) - sum(r["_own_cores"] for r in ranks))
+               for ranks in nodes.values())
 
 
 class Telemetry:
@@ -112,6 +130,7 @@ class Telemetry:
         from trainables.sampler import CpuReader, GpuIdentity, NvmlDevice, Sampler, load_nvml
 
         self.device = device
+        self.node = socket.gethostname()
         self.facts: dict[str, str] = {}
         readers: list[Any] = [CpuReader()]
         self.gpu: NvmlDevice | None = None
@@ -162,6 +181,7 @@ class Telemetry:
         samples = self.sampler.window(start)
         self._mark = len(self.sampler.samples)
         out: dict[str, Any] = summarize(samples)
+        out["_node"] = self.node  # for the ranks' node-wide counters (`other_cores`)
         if since_last and start > 0:  # a counter's delta runs from the previous window's last sample,
             # so consecutive windows add up to the whole (their means stay over their own samples)
             counters = summarize(self.sampler.window(start - 1))
