@@ -15,11 +15,12 @@ import pytest
 import torch
 
 from sweeps.results.verdict import verdict
+from tests import gpu_trace_pieces as gpu_pieces
 from trainables import contract
 from trainables.contract import TrialConfig
 from trainables.loop import train
 from trainables.reporting import ListReporter
-from trainables.trace import PARTS, breakdown, cpu_breakdown
+from trainables.trace import PARTS, breakdown, split
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,12 +40,72 @@ def test_the_split_of_a_hand_made_trace() -> None:
         _x("aten::addmm", 10, 30), _x("aten::mm", 15, 10), _x("c10d::allreduce_", 40, 1), _x("aten::add_", 40, 20),
         _x("gloo:all_reduce", 40, 50, tid=2, cat="user_annotation"),
     ]}
-    split = cpu_breakdown(trace)
-    assert split == pytest.approx({"compute_pct": 50.0, "data_wait_pct": 10.0, "comm_exposed_pct": 30.0,
+    got = split(trace)
+    assert got == pytest.approx({"compute_pct": 50.0, "data_wait_pct": 10.0, "comm_exposed_pct": 30.0,
                                    "idle_pct": 10.0, "comm_pct": 50.0, "wall_ms": 0.1})
-    assert sum(split[f"{p}_pct"] for p in PARTS) == pytest.approx(100.0)
+    assert sum(got[f"{p}_pct"] for p in PARTS) == pytest.approx(100.0)
     with pytest.raises(ValueError, match="no ProfilerStep"):
-        cpu_breakdown({"traceEvents": [_x("aten::mm", 0, 1)]})
+        split({"traceEvents": [_x("aten::mm", 0, 1)]})
+
+
+def _pcts(got: dict[str, float]) -> dict[str, float]:
+    return {k: got[k] for k in ("compute_pct", "comm_exposed_pct", "data_wait_pct", "idle_pct", "comm_pct", "memcpy_pct")}
+
+
+def test_the_gpu_split_of_two_hand_made_ranks() -> None:
+    # Rank 0 (tests/gpu_trace_pieces.py, us): steps 0-100 and 100-200 (both count, not the first alone); a kernel
+    # on stream 13 ends at 220, so the window is 0-220 (wall 220). On the GPU: a copy 10-25 and a gemm 20-60 on
+    # stream 7, a kernel 40-80 on stream 13 (compute on 2 streams, overlapping), NCCL all-reduce 70-130 on
+    # stream 20, a gemm 110-150, a memset 160-165, NCCL broadcast 160-200, a kernel 190-220 on stream 13.
+    #   compute = union(10-25, 20-60, 40-80, 110-150, 160-165, 190-220) = 10-80 + 110-150 + 160-165 + 190-220
+    #           = 70 + 40 + 5 + 30 = 145 -> 65.9%
+    #   communication = 70-130 + 160-200 = 100 -> 45.5%; exposed = minus compute: 80-110 + 165-190 = 55 -> 25.0%
+    #   data wait: DataLoader 0-30 and 100-115 minus GPU busy (10-150, 160-220): 0-10 = 10 -> 4.5% (100-115 is
+    #   hidden behind the all-reduce: no wait)
+    #   idle = 220 - 145 - 55 - 10 = 10 (150-160) -> 4.5%; copies and sets 15 + 5 = 20 -> 9.1%
+    # The host's nccl:all_reduce and aten::mm, and the GPU's copy of ProfilerStep#4, are none of these.
+    r0 = split(gpu_pieces.rank0())
+    assert _pcts(r0) == pytest.approx({"compute_pct": 65.9, "comm_exposed_pct": 25.0, "data_wait_pct": 4.5,
+                                       "idle_pct": 4.5, "comm_pct": 45.5, "memcpy_pct": 9.1}, abs=0.5)
+    assert r0["wall_ms"] == pytest.approx(0.11)  # 220 us over 2 steps
+    # Rank 1: steps 0-200; gemms 10-90 and 110-170, NCCL 80-120: compute 140 -> 70%; communication 40 -> 20%,
+    # exposed 90-110 = 20 -> 10%; data wait 0-20 and 100-105 minus busy 10-170: 0-10 -> 5%; idle 170-200 -> 15%.
+    # Step 4 alone (HTA 0.5.0's default: the last profiler step left out) would say compute 80 of 100.
+    r1 = split(gpu_pieces.rank1())
+    assert _pcts(r1) == pytest.approx({"compute_pct": 70.0, "comm_exposed_pct": 10.0, "data_wait_pct": 5.0,
+                                       "idle_pct": 15.0, "comm_pct": 20.0, "memcpy_pct": 0.0}, abs=0.5)
+    for got in (r0, r1):
+        assert sum(got[f"{p}_pct"] for p in PARTS) == pytest.approx(100.0)
+
+
+def test_a_one_rank_gpu_trial_keeps_its_trace(tmp_path: Path) -> None:
+    # One rank, no NCCL kernel: steps 0-200; a copy 5-15 and a gemm 10-90 on stream 7, a gemm 110-170 on stream
+    # 13 overlapped by a kernel 150-180 on stream 7: compute 5-90 + 110-180 = 85 + 70 = 155 -> 77.5%; no
+    # communication: 0, not NaN; data wait 0-20 and 100-130 minus busy: 0-5 + 100-110 = 15 -> 7.5%; idle 15%;
+    # copies 10 -> 5%
+    (path,) = gpu_pieces.write(tmp_path, [gpu_pieces.one_rank()])
+    assert _pcts(breakdown(path)) == pytest.approx({"compute_pct": 77.5, "comm_exposed_pct": 0.0,
+                                                    "data_wait_pct": 7.5, "idle_pct": 15.0, "comm_pct": 0.0,
+                                                    "memcpy_pct": 5.0}, abs=0.5)
+    (out,) = _finish_ranks(tmp_path, [path])
+    assert contract.TRACE_SKIPPED not in out and path.exists(), out  # kept, figures and all
+    assert out["trace/comm_pct"] == out["trace/comm_exposed_pct"] == 0.0 and out[contract.TRACE_EXPOSED_MAX_RANK] == 0
+    assert sum(out[f"trace/{p}_pct"] for p in PARTS) == pytest.approx(100.0, abs=0.01)
+
+
+def test_two_gpu_ranks_combine_into_their_mean_and_the_rank_that_waited_most(tmp_path: Path) -> None:
+    # the two ranks above: compute (65.9 + 70) / 2 = 68.0, exposed (25 + 10) / 2 = 17.5 (rank 0 the most, 25),
+    # data wait (4.5 + 5) / 2 = 4.8, idle (4.5 + 15) / 2 = 9.8, communication (45.5 + 20) / 2 = 32.7; the
+    # longer step 0.11 ms
+    paths = gpu_pieces.write(tmp_path, [gpu_pieces.rank0(), gpu_pieces.rank1()])
+    for out in _finish_ranks(tmp_path, paths):
+        assert {k: out[f"trace/{k}"] for k in ("compute_pct", "comm_exposed_pct", "data_wait_pct", "idle_pct",
+                                               "comm_pct", "memcpy_pct")} == pytest.approx(
+            {"compute_pct": 68.0, "comm_exposed_pct": 17.5, "data_wait_pct": 4.8, "idle_pct": 9.8,
+             "comm_pct": 32.7, "memcpy_pct": 4.5}, abs=0.5)
+        assert (out[contract.TRACE_EXPOSED_MAX_RANK], out[contract.TRACE_EXPOSED_MAX_PCT]) == (0, pytest.approx(25.0))
+        assert out[contract.TRACE_STEP_MS] == pytest.approx(0.11) and out[contract.TRACE_STEPS] == "4-5"
+        assert sum(out[f"trace/{p}_pct"] for p in PARTS) == pytest.approx(100.0, abs=0.01)
 
 
 def test_tracing_adds_no_step_and_changes_nothing_measured(tmp_path: Path) -> None:
@@ -143,6 +204,30 @@ def _finished(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, traced: int, spli
     tracer.prof, tracer.first, tracer.active, tracer.traced = _Stopped(), 3, 2, traced
     tracer.path, tracer.kept = kept, True
     return tracer.finish(lambda values, device, op="sum": values), kept
+
+
+def _finish_ranks(tmp_path: Path, paths: list[Path]) -> list[dict]:
+    """Each rank's `Tracer.finish` over its kept trace at `paths[rank]` (traced steps 4-5), the all-reduce
+    summing every rank's slots as the process group would."""
+    from trainables.trace import Tracer
+
+    def tracer(rank: int) -> Tracer:
+        t = Tracer(2, str(tmp_path), rank, len(paths), torch.device("cpu"))
+        t.prof, t.first, t.active, t.traced, t.path, t.kept = _Stopped(), 4, 2, 2, paths[rank], True
+        return t
+
+    slots: list[list[float]] = []
+
+    def put(values: list[float], device: torch.device, op: str = "sum") -> list[float]:
+        if op == "sum":
+            slots.append(values)
+        return values
+
+    for rank in range(len(paths)):  # what each rank puts into the all-reduce
+        tracer(rank).finish(put)
+    summed = [sum(column) for column in zip(*slots, strict=True)]
+    return [tracer(rank).finish(lambda values, device, op="sum": summed if op == "sum" else values)
+            for rank in range(len(paths))]
 
 
 def test_a_gpu_split_carries_its_memory_copies_and_a_cpu_split_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
