@@ -231,12 +231,19 @@ def _finish_ranks(tmp_path: Path, paths: list[Path]) -> list[dict]:
 
 
 def test_a_gpu_split_carries_its_memory_copies_and_a_cpu_split_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    split = {"compute_pct": 50.0, "data_wait_pct": 10.0, "comm_exposed_pct": 20.0, "idle_pct": 20.0, "comm_pct": 30.0,
-             "wall_ms": 12.0}
-    gpu, _ = _finished(tmp_path, monkeypatch, 2, {**split, "memcpy_pct": 4.0})
+    figures = {"compute_pct": 50.0, "data_wait_pct": 10.0, "comm_exposed_pct": 20.0, "idle_pct": 20.0, "comm_pct": 30.0,
+               "wall_ms": 12.0}
+    gpu, _ = _finished(tmp_path, monkeypatch, 2, {**figures, "memcpy_pct": 4.0})
     assert gpu["trace/memcpy_pct"] == 4.0 and gpu["trace/compute_pct"] == 50.0 and gpu[contract.TRACE_STEP_MS] == 12.0
-    cpu, _ = _finished(tmp_path, monkeypatch, 2, split)
+    cpu, _ = _finished(tmp_path, monkeypatch, 2, figures)
     assert "trace/memcpy_pct" not in cpu and cpu["trace/comm_pct"] == 30.0  # absent, never a made-up 0
+
+
+def test_a_split_without_a_number_says_it_is_this_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    figures = {"compute_pct": 80.0, "data_wait_pct": 5.0, "comm_exposed_pct": float("nan"), "idle_pct": 15.0,
+               "comm_pct": 0.0, "wall_ms": 12.0}  # one rank, its own split a NaN: no other rank to blame
+    out, _ = _finished(tmp_path, monkeypatch, 2, figures)
+    assert out[contract.TRACE_SKIPPED] == "this rank's split has no number for comm_exposed", out
 
 
 def test_a_trace_cut_short_by_the_warmup_box_is_neither_split_nor_kept(tmp_path: Path,

@@ -221,6 +221,9 @@ class Tracer:
                     # memory copies: a GPU trace's only (-1: none on this rank's kind of trace)
                     mine = [got[f"{p}_pct"] for p in PARTS] + [got["comm_pct"], got.get("memcpy_pct", -1.0),
                                                                got["wall_ms"]]
+                    unsaid = [n for n, v in zip((*PARTS, "comm", "memcpy", "wall_ms"), mine, strict=True) if v != v]
+                    if unsaid:  # this rank's own: never "another rank"
+                        self.skipped = f"this rank's split has no number for {', '.join(unsaid)}"
                 else:
                     self.skipped = (f"max_warmup_s ended warm-up after {self.traced} of the {self.active} traced "
                                     "step(s)")
