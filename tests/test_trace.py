@@ -127,6 +127,40 @@ def test_tracing_adds_no_step_and_changes_nothing_measured(tmp_path: Path) -> No
     assert "needs num_warmup_steps >= 4" in short[contract.TRACE_SKIPPED] and "trace/compute_pct" not in short
 
 
+def test_no_traced_step_holds_an_evaluation(tmp_path: Path) -> None:
+    # 5 warm-up steps, 2 traced: planned 3-4 (the profiler's warm-up step 2). An evaluation every 4 steps runs
+    # after step 3, inside step 4's span: the trace moves to 2-3, the latest steps that hold none
+    cfg = TrialConfig(workload="mlp-tabular", batch_size=64, num_steps=8, num_warmup_steps=5, eval_every_steps=4,
+                      report_interval_s=1e-6, seed=3, trace_steps=2, trace_dir=str(tmp_path))
+    final = train(cfg, ListReporter(), torch.device("cpu"))
+    assert final[contract.TRACE_STEPS] == "2-3" and "trace/compute_pct" in final, final
+    assert final[contract.EVALS] == 3  # after steps 3, 7 and 11: the evaluations stay where they were
+    with gzip.open(tmp_path / "rank-0.pt.trace.json.gz", "rt") as f:
+        names = [str(e.get("name", "")) for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    # one training batch a traced step; an evaluation would add its validation batches
+    assert sum(n.startswith("enumerate(DataLoader)") for n in names) == 2, names
+
+
+def test_the_trace_moves_or_shrinks_around_evaluations(tmp_path: Path) -> None:
+    from trainables.trace import Tracer
+
+    def traced(end: int, every: int) -> dict:
+        tracer, x = Tracer(2, None, 0, 1, torch.device("cpu")), torch.randn(32, 32)
+        for step in range(1, end):
+            tracer.before(step, end, lambda k: k % every == 0)
+            (x @ x).sum()
+            tracer.after(step)
+        return tracer.finish(lambda values, device, op="sum": values)
+
+    # warm-up ends at 10, planned 8-9; evaluations before steps 3, 6, 9: 7-8 is the latest pair without one
+    assert traced(10, 3)[contract.TRACE_STEPS] == "7-8"
+    # before every even step: no pair is free, so one step, the latest free one (9; the profiler's is 8)
+    assert traced(10, 2)[contract.TRACE_STEPS] == "9-9"
+    # before every step: nothing to trace, and the reason says so
+    said = traced(10, 1)[contract.TRACE_SKIPPED]
+    assert "an evaluation (eval_every_steps) ran in every step left to trace" in said, said
+
+
 def _torchrun(tmp_path: Path, workload: str, params: str, *flags: str) -> dict:
     out = tmp_path / f"{workload.rsplit(':', 1)[-1]}.jsonl"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",

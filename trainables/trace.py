@@ -4,7 +4,9 @@
 profiler's own warm-up): they run anyway and are never timed, so the trace adds no step, no data and
 no change to the model, and no traced step is in the measured window (`throughput/*`). A trial whose
 warm-up is too short (step 0 builds; one profiler warm-up step; one traced step at least), or whose
-warm-up `max_warmup_s` ended before the traced steps did, has no trace: `trace/skipped` says why.
+warm-up `max_warmup_s` ended before the traced steps did, has no trace: `trace/skipped` says why. No
+traced step holds an evaluation (`eval_every_steps`): where one would, the trace moves to the latest
+steps that hold none, or holds fewer steps (`trace/steps` says which).
 
 **What.** Each rank's trace (`torch.profiler`, with `distributedInfo`, as Holistic Trace Analysis
 reads it), gzipped into `TrialConfig.trace_dir` when one is given (the sweep logs it as an artifact of
@@ -48,6 +50,7 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -177,20 +180,30 @@ class Tracer:
         self.kept = False  # in trace_dir (logged by the sweep), not a temp file
         self.skipped = ""
         self.spent_s = 0.0  # this rank's seconds writing, gzipping and splitting its trace: not a step's time
+        self.evaluated = False  # an evaluation took a step the trace could have held
 
-    def before(self, step: int, warmup_steps: int) -> None:
+    def before(self, step: int, warmup_steps: int, evaluates: Callable[[int], bool] = lambda step: False) -> None:
         """Before step `step` of warm-up (which is now expected to end at `warmup_steps`: max_warmup_s may move
         that end closer as steps are timed): start the profiler so that its warm-up step and then `steps`
-        traced steps are the last of warm-up, or, where the end came closer than planned, as many as still fit."""
-        if not self.steps or self.first is not None or self.skipped or step < warmup_steps - 1 - self.steps:
+        traced steps are the last of warm-up, or, where the end came closer than planned, as many as still fit.
+        `evaluates(k)`: an evaluation runs before step k (inside step k's span): no traced step holds one, so
+        the trace moves to the latest steps without one, or, where none hold `steps`, holds fewer."""
+        if not self.steps or self.first is not None or self.skipped:
             return
+        latest = warmup_steps - 1 - self.steps  # the start that makes the traced steps the last of warm-up
         if step < 1:  # step 0 builds, starts the loaders and compiles: no step to trace
-            self.skipped = (f"warm-up too short: {warmup_steps} step(s); tracing {self.steps} needs "
-                            f"num_warmup_steps >= {self.steps + 2}")
+            if latest < 1:
+                self.skipped = (f"warm-up too short: {warmup_steps} step(s); tracing {self.steps} needs "
+                                f"num_warmup_steps >= {self.steps + 2}")
             return
-        self.active = min(self.steps, warmup_steps - 1 - step)
-        if self.active < 1:  # no traced step fits after the profiler's warm-up step: `finish` says so
+        room = self._room(step, warmup_steps, evaluates)
+        if step < latest and (room < self.steps or any(self._room(s, warmup_steps, evaluates) == self.steps
+                                                       for s in range(step + 1, latest + 1))):
+            return  # a later start holds every traced step (nearer warm-up's end), or this one does not
+        if room < 1:  # none fits here: the next step may hold one; else `finish` says why
+            self.evaluated = self.evaluated or (step + 1 < warmup_steps and evaluates(step + 1))
             return
+        self.active = room
         activities = [torch.profiler.ProfilerActivity.CPU]
         if self.device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -198,6 +211,14 @@ class Tracer:
                                            schedule=torch.profiler.schedule(wait=0, warmup=1, active=self.active, repeat=1))
         self.prof.start()
         self.first = step + 1
+
+    def _room(self, start: int, warmup_steps: int, evaluates: Callable[[int], bool]) -> int:
+        """The traced steps that fit after a profiler warm-up step at `start`: up to `steps`, before warm-up
+        ends, and before the next step an evaluation runs in."""
+        n = 0
+        while n < self.steps and start + 1 + n < warmup_steps and not evaluates(start + 1 + n):
+            n += 1
+        return n
 
     def after(self, step: int) -> None:
         if self.prof is not None:
@@ -237,7 +258,9 @@ class Tracer:
                     self._discard()
         elif not self.skipped:
             self.skipped = (f"warm-up ended before the trace began: tracing {self.steps} step(s) needs "
-                            f"num_warmup_steps >= {self.steps + 2} (and max_warmup_s long enough for them)")
+                            f"num_warmup_steps >= {self.steps + 2} (and max_warmup_s long enough for them)" + (
+                                "; an evaluation (eval_every_steps) ran in every step left to trace" if self.evaluated
+                                else ""))
         width = len(mine)
         slots = [0.0] * (width * self.world)
         slots[self.rank * width:(self.rank + 1) * width] = mine
