@@ -199,20 +199,23 @@ def test_the_verdict_follows_the_trace_where_a_counter_disagrees() -> None:
              "trace/idle_pct": 7.0, "trace/comm_exposed_max_pct": 6.0, "trace/comm_exposed_max_rank": 1}
     params = {"num_workers": 2, "batch_size": 64, "cpus_per_worker": 1, "precision": "32"}
     assert str(verdict(counters, params)).startswith("communication-bound")  # the counter alone
-    said = str(verdict({**counters, **trace}, params))
+    long_enough = {**counters, **trace, "trace/step_ms": 60.0, "trace/steps": "3-4"}  # 120 ms traced
+    said = str(verdict(long_enough, params))
     assert not said.startswith("communication-bound"), said  # the trace saw 5% exposed: not that
     assert ("the counter time/allreduce_wait_pct said 30% all-reduce wait backward did not hide, the trace 5%: "
             "following the trace") in said
-    close = {**counters, **trace, "trace/comm_exposed_pct": 28.0}
+    close = {**long_enough, "trace/comm_exposed_pct": 28.0}
     assert "following the trace" not in str(verdict(close, params))  # within a few points: cited, not overruled
-    # the traced steps' span decides whether the trace can overrule a counter's window
-    long_enough = {**counters, **trace, "trace/step_ms": 60.0, "trace/steps": "3-4"}  # 120 ms traced
-    assert "the trace 5%: following the trace" in str(verdict(long_enough, params))
     short = {**counters, **trace, "trace/step_ms": 4.0, "trace/steps": "3-4"}  # 8 ms: a sample of two steps
     said = str(verdict(short, params))
     assert said.startswith("communication-bound"), said  # the counter's figure, kept
     assert ("the counter time/allreduce_wait_pct said 30% all-reduce wait backward did not hide, the trace 5% over "
             "only 8 ms of traced steps: keeping the counter's longer window") in said
+    # a span that is not known (no trace/step_ms, or no trace/steps) never overrules the counter either
+    for unknown in ({**counters, **trace}, {**counters, **trace, "trace/step_ms": 60.0}):
+        said = str(verdict(unknown, params))
+        assert said.startswith("communication-bound"), said
+        assert ("the trace 5% over traced steps of unknown length: keeping the counter's longer window") in said
 
 
 def test_the_traced_span_is_its_steps_times_their_length() -> None:
