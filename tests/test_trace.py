@@ -170,7 +170,54 @@ def _torchrun(tmp_path: Path, workload: str, params: str, *flags: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not [x for x in (proc.stdout + proc.stderr).splitlines() if "ERROR" in x], proc.stderr[-3000:]
     return [json.loads(line) for line in out.read_text().splitlines()][-1]
+
+
+_IN_A_THREAD = """
+import json, sys, threading
+import torch  # imported on the main thread, as a Ray Train worker's actor does; the loop runs in another
+from trainables.contract import TrialConfig
+from trainables.loop import train
+from trainables.reporting import ListReporter
+
+out = {}
+cfg = TrialConfig(workload="mlp-tabular", batch_size=32, num_steps=4, num_warmup_steps=4, trace_steps=2,
+                  telemetry_period_s=0, seed=1)
+thread = threading.Thread(target=lambda: out.update(train(cfg, ListReporter(), torch.device("cpu"))))
+thread.start()
+thread.join()
+print(json.dumps({k: v for k, v in out.items() if k.startswith("trace/")}))
+"""
+
+
+def test_a_trace_in_a_thread_as_ray_train_runs_one_prints_no_error(tmp_path: Path) -> None:
+    # kineto initialises on the first profiler start and, off the thread that imported torch, printed
+    # "ERROR: External init callback must run in same thread as registerClient" (trainables.trace._start)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", _IN_A_THREAD], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not [x for x in (proc.stdout + proc.stderr).splitlines() if "ERROR" in x], proc.stderr[-3000:]
+    assert "trace/compute_pct" in json.loads(proc.stdout.splitlines()[-1])
+
+
+def test_the_first_profiler_start_passes_on_what_else_it_writes(monkeypatch: pytest.MonkeyPatch,
+                                                                capfd: pytest.CaptureFixture[str]) -> None:
+    from trainables import trace
+
+    class Writes:
+        def start(self) -> None:
+            os.write(2, b"ERROR: External init callback must run in same thread as registerClient (1 != 2)\n")
+            os.write(2, b"something else\n")
+
+    monkeypatch.setattr(trace, "_kineto_ready", False)
+    trace._start(Writes())
+    trace._start(Writes())  # kineto is initialised by then: nothing is left out
+    assert capfd.readouterr().err.count("ERROR: External init") == 1
+    monkeypatch.setattr(trace, "_kineto_ready", False)
+    trace._start(Writes())
+    assert capfd.readouterr().err == "something else\n"
 
 
 def test_a_heavy_all_reduce_shows_as_exposed_communication_on_two_gloo_ranks(tmp_path: Path) -> None:

@@ -48,6 +48,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -165,6 +166,40 @@ def breakdown(trace_path: Path) -> dict[str, float]:
         return split(json.load(f))
 
 
+_KINETO_THREAD = b"External init callback must run in same thread as registerClient"
+_kineto_ready = False  # a profiler started in this process already: kineto is initialised
+
+
+def _start(prof: Any) -> None:
+    """Start the profiler. The first start in a process initialises kineto, which then calls back the client
+    torch registered while it loaded, on the thread that imported torch; on any other thread it skips the
+    callback and prints "ERROR: External init callback must run in same thread as registerClient" (C++, to
+    fd 2). Under Ray Train that is every rank: the loop runs in a thread of the worker actor, whose main thread
+    imported torch (plain torchrun runs it on the main thread: no such line). The callback is empty on CPU and
+    CUDA (torch's LibKinetoClient.init; MTIA's memory profiler in newer torch), and no public API runs kineto's
+    initialisation on the importing thread from this one; so on that first start this one line is left out of
+    fd 2, and whatever else is written meanwhile passes through."""
+    global _kineto_ready
+    if _kineto_ready:
+        prof.start()
+        return
+    _kineto_ready = True
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            prof.start()
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            rest = b"".join(line for line in caught.read().splitlines(keepends=True) if _KINETO_THREAD not in line)
+            if rest:
+                os.write(2, rest)
+
+
 class Tracer:
     """Profiles the last `steps` warm-up steps of one rank (after one profiler warm-up step) and, at the
     warm-up's end, splits and keeps its trace. Every rank calls `before`, `after` and `finish` at the
@@ -209,7 +244,7 @@ class Tracer:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         self.prof = torch.profiler.profile(activities=activities, on_trace_ready=self._ready,
                                            schedule=torch.profiler.schedule(wait=0, warmup=1, active=self.active, repeat=1))
-        self.prof.start()
+        _start(self.prof)
         self.first = step + 1
 
     def _room(self, start: int, warmup_steps: int, evaluates: Callable[[int], bool]) -> int:
