@@ -6,7 +6,9 @@ Stages, in this order (`--stages` picks some):
 - image:  `benchmarks/gpu/image.yaml`: image-cnn on 64x64 PNGs, 4 precisions x batch {128, 512};
 - probe:  `benchmarks/gpu/probe.yaml`: the memory probe on real CUDA OOMs, then compile on and off;
 - parity: our loop (`trainables.launch`) vs `benchmarks/plain_ddp.py`, both under torchrun, GPT-2 small bf16 at
-          batch 16 and 8, the order alternated per round.
+          batch 16 and 8, the order alternated per round;
+- trace:  a traced, priced trial, `trainables.launch` under torchrun on 1 GPU (GPT-2 small bf16, batch 8, `--trace-steps
+          2 --usd-per-hour`): its split sums to 100 (within 0.01), no communication on 1 rank, `cost/*` reported.
 
 Every stage's storage, MLflow store (sqlite, one for all stages, so the sweeps score against the doctor's
 peaks) and logs go under `--out` (default: a new temp folder). Sweep figures are read back from that store
@@ -42,7 +44,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 
 from common import REPO, RESULTS, append_entry, machine, make_entry, table  # noqa: E402
 
-STAGES = ("doctor", "gpt", "image", "probe", "parity")
+STAGES = ("doctor", "gpt", "image", "probe", "parity", "trace")
 SWEEPS = ("gpt", "image", "probe")
 SPECS = REPO / "benchmarks" / "gpu"
 SWEEP_MODULES = ("ray", "mlflow", "optuna")
@@ -54,6 +56,7 @@ TRIAL_METRICS = ("throughput/samples_per_s", "throughput/tokens_per_s", "through
                  "progress/steps", "perf/tflops_per_s", "perf/mfu_pct", "perf/sol_pct", "memory/max_reserved_gib",
                  "gpu/sm_active_mean_pct", "gpu/tensor_active_mean_pct")
 KNOBS = ("precision", "batch_size", "compile")
+TRACE_PARTS = ("compute", "data_wait", "comm_exposed", "idle")  # trainables.trace.PARTS: they sum to 100
 
 
 @dataclass
@@ -77,7 +80,8 @@ def preflight(stages: list[str], cuda: bool, missing: list[str]) -> dict[str, st
         if not cuda:
             why[stage] = "no CUDA device (torch.cuda.is_available() is False): a GPU-only stage" + {
                 "doctor": "; `python -m sweeps doctor --gpu-checks` runs its CPU subset",
-                "parity": "; benchmarks/loop_parity.py is the CPU parity"}.get(stage, "")
+                "parity": "; benchmarks/loop_parity.py is the CPU parity",
+                "trace": "; tests/test_trace.py splits CPU traces and hand-built GPU ones"}.get(stage, "")
         elif stage in SWEEPS and missing:
             why[stage] = f"needs {', '.join(missing)} to run a sweep (pip install -e .)"
         else:
@@ -188,11 +192,19 @@ def _sweep_figures(rows: list[dict[str, Any]]) -> str:
     return "; ".join(text)
 
 
+def _trace_figures(rows: list[dict[str, Any]]) -> str:
+    r = rows[0]
+    split = ", ".join(f"{p.replace('_', ' ')} {r[f'trace/{p}_pct']:.1f}%" for p in TRACE_PARTS if f"trace/{p}_pct" in r)
+    cost = "; ".join(f"{k} {v:.4g}" for k, v in r.items() if k.startswith("cost/usd_per_1m_"))
+    return "; ".join(x for x in (f"split {split} (sum {split_sum(r):.2f})" if split else "", cost) if x)
+
+
 def key_figures(r: StageResult) -> str:
     """One cell of what a stage showed (or why it did not run)."""
     if r.status == "skipped" or not r.rows:
         return r.reason
-    figures = {"doctor": _doctor_figures, "parity": _parity_figures}.get(r.stage, _sweep_figures)(r.rows)
+    by_stage = {"doctor": _doctor_figures, "parity": _parity_figures, "trace": _trace_figures}
+    figures = by_stage.get(r.stage, _sweep_figures)(r.rows)
     return "; ".join(x for x in (figures, r.reason) if x)
 
 
@@ -349,6 +361,38 @@ def parity_stage(out: Path, data_dir: str, rounds: int, steps: int, timeout_s: f
                        command, parity_rows(rows))
 
 
+def split_sum(report: dict[str, Any]) -> float:
+    return sum(report.get(f"trace/{p}_pct", float("nan")) for p in TRACE_PARTS)
+
+
+def trace_checks(final: dict[str, Any]) -> list[str]:
+    """What a traced, priced 1-rank trial's final report fails of the stage's checks ([] when none)."""
+    if "trace/compute_pct" not in final:
+        return [f"no split: {final.get('trace/skipped', 'no trace/* figures')}"]
+    failed = [] if abs(split_sum(final) - 100.0) <= 0.01 else [f"the split sums to {split_sum(final):.4f}, not 100"]
+    failed += [] if final.get("trace/comm_pct") == 0.0 else [f"1 rank, yet trace/comm_pct {final.get('trace/comm_pct')}"]
+    costs = [k for k in final if k.startswith("cost/usd_per_1m_")]
+    return failed + ([] if "cost/usd_per_hour" in final and costs else ["no cost/usd_per_hour or cost/usd_per_1m_*"])
+
+
+def trace_stage(out: Path, data_dir: str, usd_per_hour: float, timeout_s: float) -> StageResult:
+    tmp = Path(tempfile.mkdtemp(prefix="trace-", dir=out))
+    same = ["--workload", "gpt-lm", "--params", json.dumps({"preset": "gpt2-small"}), "--batch-size", "8", "--precision",
+            "bf16-mixed", "--num-steps", "50", "--num-warmup-steps", "10", "--trace-steps", "2", "--usd-per-hour",
+            str(usd_per_hour)]
+    rc = _run(_torchrun(["-m", "trainables.launch", *same, "--data-dir", data_dir, "--trace-dir", str(tmp / "traces"),
+                         "--metrics-path", str(tmp / "trial.jsonl")]), tmp / "trial.log", timeout_s)
+    command = f"torchrun --standalone --nproc-per-node=1 -m trainables.launch {' '.join(same)} (data, traces under --out)"
+    lines = (tmp / "trial.jsonl").read_text().splitlines() if (tmp / "trial.jsonl").exists() else []
+    if rc or not lines:
+        return StageResult("trace", "failed", f"exit {rc}: {_tail(tmp / 'trial.log')}", command)
+    final = json.loads(lines[-1])
+    row = {k: v for k, v in final.items() if k.startswith(("trace/", "cost/", "throughput/")) or k == "time/trace_s"}
+    row["kept"] = sorted(p.name for p in (tmp / "traces").glob("*.gz"))
+    failed = trace_checks(final)
+    return StageResult("trace", "failed" if failed else "ok", "; ".join(failed), command, [row])
+
+
 def run_stages(args: argparse.Namespace) -> list[StageResult]:
     import torch
 
@@ -371,6 +415,8 @@ def run_stages(args: argparse.Namespace) -> list[StageResult]:
             r = doctor_stage(out, args.stage_timeout_s, "mlflow" not in missing)
         elif stage == "parity":
             r = parity_stage(out, args.data_dir, args.rounds, args.parity_steps, args.stage_timeout_s)
+        elif stage == "trace":
+            r = trace_stage(out, args.data_dir, args.usd_per_hour, args.stage_timeout_s)
         else:
             r = sweep_stage(stage, out, args.data_dir, args.stage_timeout_s)
         r.wall_s = time.monotonic() - t0
@@ -399,7 +445,7 @@ def record_from(folder: Path, results: Path, origin: str = "", write: bool = Tru
     doctor = json.loads((folder / rec.FILES["doctor"].format(tag=tag)).read_text())
     info = rec.machine(doctor, run)
     results_out = []
-    for stage in STAGES:
+    for stage in rec.FILES:  # the stages that run recorded (the trace stage came after it)
         path = folder / rec.FILES[stage].format(tag=tag)
         if stage == "doctor":
             rows = doctor_rows(doctor)
@@ -425,13 +471,15 @@ def record_from(folder: Path, results: Path, origin: str = "", write: bool = Tru
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="GPU acceptance: doctor, GPT-2 and image grids, probe, loop parity")
+    ap = argparse.ArgumentParser(description="GPU acceptance: doctor, GPT-2 and image grids, probe, loop parity, trace")
     ap.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, of {', '.join(STAGES)}")
     ap.add_argument("--out", default=None, help="where stores, logs and specs go (default: a new temp folder)")
     ap.add_argument("--data-dir", default=str(REPO / ".cache" / "datasets"), help="datasets, reused between runs")
     ap.add_argument("--rounds", type=int, default=3, help="parity rounds per case")
     ap.add_argument("--parity-steps", type=int, default=300,
                     help="measured steps per parity run (300: windows of about 8-15 s on an H100)")
+    ap.add_argument("--usd-per-hour", type=float, default=3.0,
+                    help="the trace stage's price per hour: any positive one checks that cost/* is reported")
     ap.add_argument("--stage-timeout-s", type=float, default=900.0, help="per command")
     ap.add_argument("--results", default=str(RESULTS), help="the results.jsonl to append to")
     ap.add_argument("--no-record", action="store_true", help="append nothing")

@@ -122,6 +122,55 @@ def test_parity_rounds_alternate_and_read_both_outputs(monkeypatch: pytest.Monke
     assert r.rows[0]["order"] == "ours,plain" and r.rows[1]["order"] == "plain,ours"
 
 
+def _traced(**change: Any) -> dict[str, Any]:
+    final = {"trace/compute_pct": 71.25, "trace/data_wait_pct": 3.5, "trace/comm_exposed_pct": 0.0, "trace/idle_pct": 25.25,
+             "trace/comm_pct": 0.0, "trace/memcpy_pct": 1.5, "trace/steps": "8-9", "throughput/tokens_per_s": 9.0e4,
+             "cost/usd_per_hour": 3.0, "cost/usd_per_1m_tokens": 3.0 / (9.0e4 * 3600) * 1e6, "loss/val": 7.0}
+    return {k: v for k, v in {**final, **change}.items() if v is not None}
+
+
+def test_the_trace_stage_checks_its_split_and_its_price() -> None:
+    assert ga.trace_checks(_traced()) == []  # 71.25 + 3.5 + 0 + 25.25 = 100
+    assert ga.trace_checks(_traced(**{"trace/idle_pct": 25.3})) == ["the split sums to 100.0500, not 100"]
+    assert ga.trace_checks(_traced(**{"trace/idle_pct": 25.255})) == []  # within 0.01
+    assert ga.trace_checks(_traced(**{"trace/comm_pct": 2.0})) == ["1 rank, yet trace/comm_pct 2.0"]
+    assert ga.trace_checks(_traced(**{"cost/usd_per_1m_tokens": None})) == ["no cost/usd_per_hour or cost/usd_per_1m_*"]
+    assert ga.trace_checks(_traced(**{"cost/usd_per_hour": None})) == ["no cost/usd_per_hour or cost/usd_per_1m_*"]
+    untraced = {"trace/skipped": "warm-up too short", "cost/usd_per_hour": 3.0}
+    assert ga.trace_checks(untraced) == ["no split: warm-up too short"]
+
+
+def test_the_trace_stage_runs_a_traced_priced_trial_and_records_it(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    ran: list[list[str]] = []
+
+    def fake_run(cmd: list[str], log: Path, timeout_s: float) -> int:
+        ran.append(cmd)
+        Path(cmd[cmd.index("--metrics-path") + 1]).write_text(json.dumps(final) + "\n")
+        return 0
+
+    monkeypatch.setattr(ga, "_run", fake_run)
+    final = _traced()
+    r = ga.trace_stage(tmp_path, str(tmp_path / "data"), 3.0, timeout_s=10)
+    (cmd,) = ran
+    assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1"]  # plain torchrun, 1 GPU
+    assert cmd[5:7] == ["-m", "trainables.launch"]
+    assert cmd[cmd.index("--trace-steps") + 1] == "2" and cmd[cmd.index("--usd-per-hour") + 1] == "3.0"
+    assert r.status == "ok" and r.reason == "" and "--trace-steps 2 --usd-per-hour 3.0" in r.command
+    assert r.rows[0]["cost/usd_per_1m_tokens"] == final["cost/usd_per_1m_tokens"] and "loss/val" not in r.rows[0]
+    cell = ga.key_figures(r)
+    assert "split compute 71.2%, data wait 3.5%, comm exposed 0.0%, idle 25.2% (sum 100.00)" in cell, cell
+    assert "cost/usd_per_1m_tokens 0.009259" in cell, cell  # 3 / (9e4 x 3600) x 1e6
+    path = tmp_path / "r.jsonl"
+    ga.record(r, path, MACHINE, "2026-01-02")
+    entry = json.loads(path.read_text())
+    assert (entry["benchmark"], entry["stage"], entry["status"]) == ("gpu_acceptance", "trace", "ok")
+
+    final = _traced(**{"trace/idle_pct": 20.0})  # a split that does not sum to 100 fails the stage
+    failed = ga.trace_stage(tmp_path, str(tmp_path / "data"), 3.0, timeout_s=10)
+    assert failed.status == "failed" and failed.reason == "the split sums to 94.7500, not 100"
+
+
 def test_sweep_figures_come_from_the_mlflow_store(tmp_path: Path) -> None:
     """read_sweep rebuilds what a sweep logged (parent run, child runs, probe tag) through MlflowClient."""
     from sweeps.tracking import SweepTracker
@@ -159,7 +208,8 @@ def test_record_from_the_h100_run(tmp_path: Path) -> None:
     path = tmp_path / "r.jsonl"
     results = ga.record_from(H100, path, "shared/gpu")
     entries = [json.loads(x) for x in path.read_text().splitlines()]
-    assert [e["stage"] for e in entries] == list(ga.STAGES) and [r.line for r in results] == [1, 2, 3, 4, 5]
+    # every stage but the trace's, which came after that run
+    assert [e["stage"] for e in entries] == list(ga.STAGES[:-1]) and [r.line for r in results] == [1, 2, 3, 4, 5]
     for e in entries:
         assert (e["date"], e["machine"]["gpu"], e["machine"]["git_sha"], e["machine"]["versions"]["torch"]) == \
             ("2026-11-24", "NVIDIA H100 80GB HBM3", "4861472", "2.11.0+cu130")

@@ -153,7 +153,7 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
                 run.begin_window(step)
             elif step == 1:
                 win.calibration_starts()
-            tracer.before(step, length.warmup_end())
+            tracer.before(step, length.warmup_end(), evals.due)  # no traced step holds an evaluation
             micros, need = length.micro_plan(step)  # a whole step, or the equal-data budget's cut tail
             seen, oom = run.step_or_oom(batches, micros, need, step)
             length.seen += seen

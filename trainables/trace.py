@@ -4,28 +4,40 @@
 profiler's own warm-up): they run anyway and are never timed, so the trace adds no step, no data and
 no change to the model, and no traced step is in the measured window (`throughput/*`). A trial whose
 warm-up is too short (step 0 builds; one profiler warm-up step; one traced step at least), or whose
-warm-up `max_warmup_s` ended before the traced steps did, has no trace: `trace/skipped` says why.
+warm-up `max_warmup_s` ended before the traced steps did, has no trace: `trace/skipped` says why. No
+traced step holds an evaluation (`eval_every_steps`): where one would, the trace moves to the latest
+steps that hold none, or holds fewer steps (`trace/steps` says which).
 
 **What.** Each rank's trace (`torch.profiler`, with `distributedInfo`, as Holistic Trace Analysis
 reads it), gzipped into `TrialConfig.trace_dir` when one is given (the sweep logs it as an artifact of
-the trial's MLflow run; Perfetto and chrome://tracing open it), and its breakdown (`breakdown`): the
-share of the traced steps' wall time each rank spent
+the trial's MLflow run; Perfetto and chrome://tracing open it), and its split (`split`, one function
+for CPU and GPU traces): the share of the traced steps' wall time each rank spent
 
-- `trace/compute_pct`: in operators on the training thread (forward, backward, optimizer);
-- `trace/data_wait_pct`: waiting for the next batch (the DataLoader's `__next__`);
-- `trace/comm_exposed_pct`: with the gradient all-reduce running and the training thread doing
-  neither: communication that compute did not hide;
-- `trace/idle_pct`: none of these (Python and framework overhead between operators, other waits);
+- `trace/compute_pct`: computing;
+- `trace/data_wait_pct`: waiting for the next batch (the training thread's DataLoader `__next__`);
+- `trace/comm_exposed_pct`: communicating while nothing computed: communication compute did not hide;
+- `trace/idle_pct`: none of these;
 
 which partition the wall time (they sum to 100), and `trace/comm_pct`, all communication, hidden or
 not. The metrics are the mean over ranks; `trace/comm_exposed_max_pct` and its rank, and
 `trace/per_rank`, say which rank waited most.
 
-On CPU the split is computed here from the trace's own events: gloo's spans (`gloo:*`) on its
-`pt_gloo_runloop` threads are communication, the training thread's `cpu_op` events outside `c10d::`
-are compute. A GPU trace (kernels on CUDA streams) is split by Holistic Trace Analysis (`hta`, the
-gpu extra): its temporal breakdown and communication overlap, with memory copies as
-`trace/memcpy_pct`; both behind `breakdown`, one output.
+**The split.** The window is the traced steps: from the first `ProfilerStep#` span's start to the last
+one's end (every traced step), on a GPU trace extended to the last GPU event's end where kernels of the
+traced steps finish later. Each part is a union of intervals clipped to the window, minus the parts
+before it, so nothing is counted twice and the four sum to the window:
+
+- on a CPU trace (the training thread is the resource): data wait first, then compute (the training
+  thread's `cpu_op` events outside `c10d::`, the collective's launch), then exposed communication (gloo's
+  spans, `gloo:*` and its `pt_gloo_runloop` threads, outside both);
+- on a GPU trace (events with cat `kernel`, `gpu_memcpy`, `gpu_memset`; the GPU is the resource; kernels on
+  every stream of the GPU, one union): compute (every kernel that is not NCCL's, and every memory copy and
+  set: the GPU busy with work that is not communication), then exposed communication (NCCL's kernels,
+  `nccl*Kernel*` as HTA names them, outside compute), then data wait (outside both: a wait hidden behind
+  queued kernels is not a wait). `trace/memcpy_pct` is the copies' and sets' union, a part of compute.
+
+A GPU trace without NCCL kernels (one rank) has no communication: 0, never NaN. Holistic Trace Analysis
+0.5.0 is the reference this was checked against (docs/explain/traces.md), not a dependency.
 """
 
 from __future__ import annotations
@@ -34,9 +46,12 @@ import gzip
 import json
 import logging
 import os
+import re
 import shutil
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,13 +67,16 @@ logger = logging.getLogger(__name__)
 
 PARTS = ("compute", "data_wait", "comm_exposed", "idle")  # partition the traced wall time
 MAX_TRACE_BYTES = 8 * 1024 * 1024  # a kept trace's gzipped size at most; a larger one is summarised, not kept
-_COMM_PREFIXES = ("gloo:", "nccl:", "ncclDevKernel", "ncclKernel")
 _DATA_PREFIX = "enumerate(DataLoader)"
 _NOT_COMPUTE = ("c10d::", "record_param_comms")
+_GPU = ("kernel", "gpu_memcpy", "gpu_memset")  # what runs on the GPU (gpu_user_annotation only labels it)
+_NCCL = re.compile(r"nccl.*Kernel")  # a communication kernel: HTA 0.5.0's rule (hta.utils.utils.NCCL_KERNEL_RE)
+
+Spans = list[tuple[float, float]]
 
 
-def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[tuple[float, float]] = []
+def _union(spans: Spans) -> Spans:
+    out: Spans = []
     for a, b in sorted(spans):
         if out and a <= out[-1][1]:
             out[-1] = (out[-1][0], max(out[-1][1], b))
@@ -67,11 +85,11 @@ def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
-def _length(spans: list[tuple[float, float]]) -> float:
+def _length(spans: Spans) -> float:
     return sum(b - a for a, b in spans)
 
 
-def _minus(spans: list[tuple[float, float]], cut: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def _minus(spans: Spans, cut: Spans) -> Spans:
     """`spans` without what `cut` covers (both unions)."""
     out, j = [], 0
     for a, b in spans:
@@ -89,76 +107,97 @@ def _minus(spans: list[tuple[float, float]], cut: list[tuple[float, float]]) -> 
     return out
 
 
-def _clip(spans: list[tuple[float, float]], lo: float, hi: float) -> list[tuple[float, float]]:
+def _clip(spans: Spans, lo: float, hi: float) -> Spans:
     return [(max(a, lo), min(b, hi)) for a, b in spans if b > lo and a < hi]
 
 
-def cpu_breakdown(trace: dict[str, Any]) -> dict[str, float]:
-    """The traced steps' wall time split on a CPU trace (module doc); percentages, and `wall_ms` per step."""
-    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
+def split(trace: dict[str, Any]) -> dict[str, float]:
+    """Where one rank's traced steps' wall time went (module doc), on a CPU or a GPU trace: the four parts
+    (`<part>_pct`, summing to 100), `comm_pct`, `memcpy_pct` (a GPU trace's only) and `wall_ms` per step."""
+    every = trace.get("traceEvents", [])
+    events = [e for e in every if e.get("ph") == "X" and "dur" in e]
     threads = {(e.get("pid"), e.get("tid")): str(e.get("args", {}).get("name", ""))
-               for e in trace.get("traceEvents", []) if e.get("ph") == "M" and e.get("name") == "thread_name"}
-    steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+               for e in every if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")
+             and e.get("cat") != "gpu_user_annotation"]  # the host's spans; a GPU trace repeats them on its streams
     if not steps:
         raise ValueError("the trace has no ProfilerStep events: no traced step to split")
     main = (steps[0].get("pid"), steps[0].get("tid"))
-    lo, hi = min(float(e["ts"]) for e in steps), max(float(e["ts"]) + float(e["dur"]) for e in steps)
-    wall = hi - lo
+    gpu = [e for e in events if e.get("cat") in _GPU]
+    lo = min(float(e["ts"]) for e in steps)
+    hi = max(float(e["ts"]) + float(e["dur"]) for e in steps + gpu)  # the last kernel may end after the last step
 
-    def spans(keep: Any) -> list[tuple[float, float]]:
+    def spans(keep: Any) -> Spans:
         return _union(_clip([(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events if keep(e)], lo, hi))
 
-    on_main = lambda e: (e.get("pid"), e.get("tid")) == main  # noqa: E731 - a predicate, named once
-    data = spans(lambda e: on_main(e) and str(e.get("name", "")).startswith(_DATA_PREFIX))
-    ops = spans(lambda e: on_main(e) and e.get("cat") == "cpu_op" and not str(e.get("name", "")).startswith(_NOT_COMPUTE))
-    compute = _minus(ops, data)
-    comm = spans(lambda e: str(e.get("name", "")).startswith(_COMM_PREFIXES)
-                 or "pt_gloo_runloop" in threads.get((e.get("pid"), e.get("tid")), ""))
-    busy = _union(data + compute)
-    exposed = _minus(comm, busy)
-    parts = {"compute": _length(compute), "data_wait": _length(data), "comm_exposed": _length(exposed)}
-    parts["idle"] = max(0.0, wall - sum(parts.values()))
-    out = {f"{k}_pct": 100.0 * v / wall for k, v in parts.items()}
-    out["comm_pct"] = 100.0 * _length(comm) / wall
+    name = lambda e: str(e.get("name", ""))  # noqa: E731 - named once, read below
+    on_main = lambda e: (e.get("pid"), e.get("tid")) == main  # noqa: E731
+    data = spans(lambda e: on_main(e) and name(e).startswith(_DATA_PREFIX))
+    out: dict[str, float] = {}
+    if gpu:  # the GPU is the resource: what it did first, a wait for data only where it did nothing
+        nccl = lambda e: e.get("cat") == "kernel" and _NCCL.match(name(e)) is not None  # noqa: E731
+        comm = spans(nccl)
+        layers = [("compute", spans(lambda e: e.get("cat") in _GPU and not nccl(e))), ("comm_exposed", comm),
+                  ("data_wait", data)]
+        out["memcpy_pct"] = _length(spans(lambda e: e.get("cat") in ("gpu_memcpy", "gpu_memset")))
+    else:  # the training thread is the resource: waiting for data, then its operators, then gloo's threads
+        comm = spans(lambda e: name(e).startswith("gloo:")
+                     or "pt_gloo_runloop" in threads.get((e.get("pid"), e.get("tid")), ""))
+        ops = spans(lambda e: on_main(e) and e.get("cat") == "cpu_op" and not name(e).startswith(_NOT_COMPUTE))
+        layers = [("data_wait", data), ("compute", ops), ("comm_exposed", comm)]
+    wall = hi - lo
+    if wall <= 0:
+        raise ValueError("the traced steps last no time: nothing to split")
+    taken: Spans = []
+    for part, part_spans in layers:  # each part: its spans outside the parts before it
+        mine = _minus(part_spans, taken)
+        out[f"{part}_pct"] = _length(mine)
+        taken = _union(taken + mine)
+    out["idle_pct"] = max(0.0, wall - _length(taken))
+    out["comm_pct"] = _length(comm)
+    out = {k: 100.0 * v / wall for k, v in out.items()}
     out["wall_ms"] = wall / 1000.0 / len(steps)
     return out
 
 
-def is_gpu_trace(trace: dict[str, Any]) -> bool:
-    return any(e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") for e in trace.get("traceEvents", [])[:200000])
-
-
-def hta_breakdown(trace_path: Path, trace: dict[str, Any]) -> dict[str, float]:
-    """A GPU trace split by Holistic Trace Analysis (one rank's trace in a folder of its own): its temporal
-    breakdown (idle, compute, non-compute), its communication/computation overlap and kernel types; data
-    wait from the training thread's own DataLoader spans, as on a CPU."""
-    from hta.trace_analysis import TraceAnalysis  # the gpu extra
-
-    folder = Path(tempfile.mkdtemp(prefix="hta-"))
-    try:
-        shutil.copy(trace_path, folder / trace_path.name)
-        analysis = TraceAnalysis(trace_dir=str(folder))
-        temporal = analysis.get_temporal_breakdown(visualize=False).iloc[0]
-        overlap = analysis.get_comm_comp_overlap(visualize=False).iloc[0]
-        kinds, _ = analysis.get_gpu_kernel_breakdown(visualize=False)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    share = {str(r["kernel_type"]): float(r["percentage"]) for _, r in kinds.iterrows()}
-    comm = share.get("COMMUNICATION", 0.0) * (1.0 - float(temporal["idle_time_pctg"]) / 100.0)
-    exposed = comm * (1.0 - float(overlap["comp_comm_overlap_pctg"]) / 100.0)
-    cpu = cpu_breakdown(trace)
-    return {"compute_pct": float(temporal["compute_time_pctg"]), "comm_pct": comm, "comm_exposed_pct": exposed,
-            "data_wait_pct": cpu["data_wait_pct"], "idle_pct": float(temporal["idle_time_pctg"]),
-            "memcpy_pct": share.get("MEMORY", 0.0) * (1.0 - float(temporal["idle_time_pctg"]) / 100.0),
-            "wall_ms": cpu["wall_ms"]}
-
-
 def breakdown(trace_path: Path) -> dict[str, float]:
-    """Where one rank's traced steps' time went (percentages of their wall time, module doc), from its
-    trace: our own split of a CPU trace, Holistic Trace Analysis' of a GPU trace."""
+    """`split` of one rank's trace file (gzipped or not)."""
     with (gzip.open(trace_path, "rt") if trace_path.suffix == ".gz" else open(trace_path)) as f:
-        trace = json.load(f)
-    return hta_breakdown(trace_path, trace) if is_gpu_trace(trace) else cpu_breakdown(trace)
+        return split(json.load(f))
+
+
+_KINETO_THREAD = b"External init callback must run in same thread as registerClient"
+_kineto_ready = False  # a profiler started in this process already: kineto is initialised
+
+
+def _start(prof: Any) -> None:
+    """Start the profiler. The first start in a process initialises kineto, which then calls back the client
+    torch registered while it loaded, on the thread that imported torch; on any other thread it skips the
+    callback and prints "ERROR: External init callback must run in same thread as registerClient" (C++, to
+    fd 2). Under Ray Train that is every rank: the loop runs in a thread of the worker actor, whose main thread
+    imported torch (plain torchrun runs it on the main thread: no such line). The callback is empty on CPU and
+    CUDA (torch's LibKinetoClient.init; MTIA's memory profiler in newer torch), and no public API runs kineto's
+    initialisation on the importing thread from this one; so on that first start this one line is left out of
+    fd 2, and whatever else is written meanwhile passes through."""
+    global _kineto_ready
+    if _kineto_ready:
+        prof.start()
+        return
+    _kineto_ready = True
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            prof.start()
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            rest = b"".join(line for line in caught.read().splitlines(keepends=True) if _KINETO_THREAD not in line)
+            if rest:
+                os.write(2, rest)
 
 
 class Tracer:
@@ -176,27 +215,45 @@ class Tracer:
         self.kept = False  # in trace_dir (logged by the sweep), not a temp file
         self.skipped = ""
         self.spent_s = 0.0  # this rank's seconds writing, gzipping and splitting its trace: not a step's time
+        self.evaluated = False  # an evaluation took a step the trace could have held
 
-    def before(self, step: int, warmup_steps: int) -> None:
+    def before(self, step: int, warmup_steps: int, evaluates: Callable[[int], bool] = lambda step: False) -> None:
         """Before step `step` of warm-up (which is now expected to end at `warmup_steps`: max_warmup_s may move
         that end closer as steps are timed): start the profiler so that its warm-up step and then `steps`
-        traced steps are the last of warm-up, or, where the end came closer than planned, as many as still fit."""
-        if not self.steps or self.first is not None or self.skipped or step < warmup_steps - 1 - self.steps:
+        traced steps are the last of warm-up, or, where the end came closer than planned, as many as still fit.
+        `evaluates(k)`: an evaluation runs before step k (inside step k's span): no traced step holds one, so
+        the trace moves to the latest steps without one, or, where none hold `steps`, holds fewer."""
+        if not self.steps or self.first is not None or self.skipped:
             return
+        latest = warmup_steps - 1 - self.steps  # the start that makes the traced steps the last of warm-up
         if step < 1:  # step 0 builds, starts the loaders and compiles: no step to trace
-            self.skipped = (f"warm-up too short: {warmup_steps} step(s); tracing {self.steps} needs "
-                            f"num_warmup_steps >= {self.steps + 2}")
+            if latest < 1:
+                self.skipped = (f"warm-up too short: {warmup_steps} step(s); tracing {self.steps} needs "
+                                f"num_warmup_steps >= {self.steps + 2}")
             return
-        self.active = min(self.steps, warmup_steps - 1 - step)
-        if self.active < 1:  # no traced step fits after the profiler's warm-up step: `finish` says so
+        room = self._room(step, warmup_steps, evaluates)
+        if step < latest and (room < self.steps or any(self._room(s, warmup_steps, evaluates) == self.steps
+                                                       for s in range(step + 1, latest + 1))):
+            return  # a later start holds every traced step (nearer warm-up's end), or this one does not
+        if room < 1:  # none fits here: the next step may hold one; else `finish` says why
+            self.evaluated = self.evaluated or (step + 1 < warmup_steps and evaluates(step + 1))
             return
+        self.active = room
         activities = [torch.profiler.ProfilerActivity.CPU]
         if self.device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         self.prof = torch.profiler.profile(activities=activities, on_trace_ready=self._ready,
                                            schedule=torch.profiler.schedule(wait=0, warmup=1, active=self.active, repeat=1))
-        self.prof.start()
+        _start(self.prof)
         self.first = step + 1
+
+    def _room(self, start: int, warmup_steps: int, evaluates: Callable[[int], bool]) -> int:
+        """The traced steps that fit after a profiler warm-up step at `start`: up to `steps`, before warm-up
+        ends, and before the next step an evaluation runs in."""
+        n = 0
+        while n < self.steps and start + 1 + n < warmup_steps and not evaluates(start + 1 + n):
+            n += 1
+        return n
 
     def after(self, step: int) -> None:
         if self.prof is not None:
@@ -216,10 +273,13 @@ class Tracer:
             try:
                 self.prof.stop()  # a completed schedule saved its trace already (`_ready`); stopping early saves a part
                 if self.path is not None and self.traced >= self.active:
-                    split = breakdown(self.path)
+                    got = breakdown(self.path)
                     # memory copies: a GPU trace's only (-1: none on this rank's kind of trace)
-                    mine = [split[f"{p}_pct"] for p in PARTS] + [split["comm_pct"], split.get("memcpy_pct", -1.0),
-                                                                 split["wall_ms"]]
+                    mine = [got[f"{p}_pct"] for p in PARTS] + [got["comm_pct"], got.get("memcpy_pct", -1.0),
+                                                               got["wall_ms"]]
+                    unsaid = [n for n, v in zip((*PARTS, "comm", "memcpy", "wall_ms"), mine, strict=True) if v != v]
+                    if unsaid:  # this rank's own: never "another rank"
+                        self.skipped = f"this rank's split has no number for {', '.join(unsaid)}"
                 else:
                     self.skipped = (f"max_warmup_s ended warm-up after {self.traced} of the {self.active} traced "
                                     "step(s)")
@@ -233,7 +293,9 @@ class Tracer:
                     self._discard()
         elif not self.skipped:
             self.skipped = (f"warm-up ended before the trace began: tracing {self.steps} step(s) needs "
-                            f"num_warmup_steps >= {self.steps + 2} (and max_warmup_s long enough for them)")
+                            f"num_warmup_steps >= {self.steps + 2} (and max_warmup_s long enough for them)" + (
+                                "; an evaluation (eval_every_steps) ran in every step left to trace" if self.evaluated
+                                else ""))
         width = len(mine)
         slots = [0.0] * (width * self.world)
         slots[self.rank * width:(self.rank + 1) * width] = mine

@@ -333,7 +333,7 @@ RULES: tuple[Rule, ...] = (
 # -- the trace: cited, and followed where a counter disagrees with it -------------------------------
 
 TRACE_DISAGREES_PTS = 5.0  # a counter and the trace further apart than this: the verdict says so and follows the trace
-# ... when the traced steps span at least this long: a shorter trace is a sample of a few OS time slices
+# ... when the traced steps are known to span at least this long: a shorter trace is a sample of a few OS time slices
 # (steps of 4 ms on the 2-core scaling example: 8 ms traced against a 5-s counter window, whose exposed
 # all-reduce read 31% then 69% in two runs while the counter read 61% and 65%; docs/explain/traces.md)
 TRACE_MIN_SPAN_MS = 100.0
@@ -356,8 +356,9 @@ def trace_view(metrics: dict[str, Any]) -> tuple[dict[str, Any], str]:
         c, t = pct(metrics, counter), pct(metrics, traced)
         if c is not None and t is not None and abs(c - t) > TRACE_DISAGREES_PTS:
             said = f"the counter {counter} said {c:.0f}% {words}, the trace {t:.0f}%"
-            if span is not None and span < TRACE_MIN_SPAN_MS:
-                notes.append(f"{said} over only {span:.0f} ms of traced steps: keeping the counter's longer window")
+            if span is None or span < TRACE_MIN_SPAN_MS:  # an unknown span never overrules the counter
+                over = "over traced steps of unknown length" if span is None else f"over only {span:.0f} ms of traced steps"
+                notes.append(f"{said} {over}: keeping the counter's longer window")
             else:
                 followed[counter] = t
                 notes.append(f"{said}: following the trace")
