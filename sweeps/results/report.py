@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from sweeps.results.contention import contended_rows, contention_sentence
 from sweeps.results.money import money_key, money_sentence
 from sweeps.results.outcome import MEASURED, REPLICATE_TAG, SweepOutcome, TrialRow
 from sweeps.results.quality import DEGRADED_TAG, efficiency, scaling_twin, workers
@@ -166,7 +167,9 @@ def effects_said(outcome: SweepOutcome) -> list[str]:
     if fx is None:
         return []
     measured = sum(t.status in MEASURED for t in outcome.trials)
-    return [f"a fit of log {outcome.spec.objective.primary} over the {measured} measured trials, 95% intervals",
+    shared = len(contended_rows(outcome.trials))
+    under = f", {shared} of them measured under contention" if shared else ""
+    return [f"a fit of log {outcome.spec.objective.primary} over the {measured} measured trials{under}, 95% intervals",
             *(str(e) for e in fx.table())]
 
 
@@ -425,6 +428,9 @@ def answer(outcome: SweepOutcome) -> str:
     money = money_sentence(outcome, lambda t: configuration(outcome, t))
     if money:
         text += f" {money}"
+    shared = contention_sentence(outcome)
+    if shared:
+        text += f" Caution, {shared[0].lower()}{shared[1:]}."
     if degraded(best):
         text += f" Caution, its result is degraded: {degraded(best)}."
     if outcome.stopped_reason:

@@ -34,6 +34,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from sweeps.results.contention import contended
 from sweeps.results.effects import Effects, worse
 from sweeps.results.outcome import MEASURED, SweepOutcome, TrialRow
 from sweeps.results.outcome import number as _number
@@ -78,6 +79,9 @@ def verdict(metrics: dict[str, Any], params: dict[str, Any]) -> Verdict:
     followed, traced = trace_view(metrics)
     rule, figures = first_rule(followed, params)
     facts, moves = rule.advice(figures)
+    shared = contended(metrics)
+    if shared:  # the figures the rule read are the trial's share of a busy node, not what the node gives it alone
+        traced += f"; measured under contention: {shared}"
     return Verdict(rule.kind, facts + traced, moves)
 
 

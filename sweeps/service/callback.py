@@ -18,6 +18,7 @@ import cloudpickle
 import ray
 from ray import tune
 
+from sweeps.results.contention import CONTENDED_TAG, contended
 from sweeps.results.money import trial_usd
 from sweeps.results.outcome import MEASURED, REPLICATE_TAG, TrialRow, end_status
 from sweeps.results.sol import SpeedOfLight
@@ -204,6 +205,9 @@ class SweepCallback(tune.Callback):
             v = verdict(row.metrics, row.params)
             row.verdict = str(v)
             tags |= {"sweep.verdict": v.name, "sweep.verdict_reason": v.reason}
+            shared = contended(row.metrics)
+            if shared:  # measured while other work used its node or GPUs: said on its run, in its verdict
+                tags[CONTENDED_TAG] = shared
         traces = trace_dir(self.trials_dir, f"{self.spec.name}-{trial_id}") if self.trials_dir else ""
         if traces and Path(traces).is_dir():  # each rank's trace of its last warm-up steps (trainables.trace)
             self.tracker.trial_files(trial_id, traces, "trace")
