@@ -57,8 +57,9 @@ def test_two_sweeps_at_once_share_a_new_store_and_a_second_run_of_one_is_refused
     """Both start in the same new folder (each creating mlflow.db: MLflow's migrations raced there
     before) on local Ray instances of their own; while the first runs, `sweeps run` of its spec is
     refused at once with exit 2, naming the holder."""
-    for name in ("alpha", "beta"):
-        (tmp_path / f"{name}.yaml").write_text(SMALL.format(name=name, steps=100_000, window=4))
+    for name in ("alpha", "beta"):  # sampled: each trial measures what else used the machine (issue 51)
+        (tmp_path / f"{name}.yaml").write_text(SMALL.format(name=name, steps=100_000, window=4).replace(
+            "period_s: 0}", "period_s: 0.5}"))
     runs = {name: _sweeps(["run", f"{name}.yaml"], tmp_path, short_tmp) for name in ("alpha", "beta")}
     lock = tmp_path / "ray_results" / "alpha.lock"
     deadline = time.monotonic() + 120
@@ -79,10 +80,16 @@ def test_two_sweeps_at_once_share_a_new_store_and_a_second_run_of_one_is_refused
     assert err[-1].startswith("error: sweep alpha is already running: pid ") and f"pid {holder['pid']}" in err[-1], err
     assert "sweeps resume alpha" in err[-1]
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    trials = []
     for name in ("alpha", "beta"):
         runs_of = client.search_runs([client.get_experiment_by_name(name).experiment_id])
         parents = [r for r in runs_of if "mlflow.parentRunId" not in r.data.tags]
         assert len(parents) == 1 and len(runs_of) == 3, [(r.info.run_name, r.data.tags.get("sweep.status")) for r in runs_of]
+        trials += [r for r in runs_of if "mlflow.parentRunId" in r.data.tags]
+    # side by side on 2 cores: every trial measured what else ran, and the other sweep's trials showed as such
+    assert all("contention/cpu_other_cores" in r.data.metrics for r in trials), [r.data.metrics for r in trials]
+    shared = [r.data.tags["sweep.contended"] for r in trials if "sweep.contended" in r.data.tags]
+    assert shared and all(s.startswith("other processes kept") for s in shared), shared
     left = [p.name for p in short_tmp.iterdir() if p.name != "ray"]  # Ray's own session folders stay, as always
     assert not [n for n in left if n.startswith(("sweep-report-", "sweep-spec-", "tmp"))], left
 
