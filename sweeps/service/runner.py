@@ -21,6 +21,7 @@ from sweeps.service.state import (
     SweepState,
     experiment_dir,
     in_uploaded_job,
+    job_banner,
     nothing_left,
     outputs_root,
     sweep_lock,
@@ -45,8 +46,7 @@ def run_sweep(spec: SweepSpec, spec_text: str, echo: Callable[[str], None] = ech
     uri = spec.tracking.resolved_uri()
     if in_uploaded_job():  # the job's working directory is a temporary copy of the upload
         uri = absolute_uri(uri, outputs_root())
-        echo(f"inside a Ray job: the sweep's state ({experiment_dir(spec)}) and a local MLflow store ({uri}) live "
-             "outside the job's temporary working copy ($SWEEPS_HOME, default ~/sweeps, on this node)")
+        echo(job_banner(experiment_dir(spec), uri, outputs_root()))
     with sweep_lock(spec):
         state = SweepState.find(spec, spec_text, restart=restart, echo=echo)
         if state is not None and state.prices is not None and spec.cost is not None and spec.cost.saved() != state.prices:

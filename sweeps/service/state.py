@@ -23,10 +23,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from sweeps.errors import InputError
 from sweeps.results.outcome import OUT_OF_TIME, UNFINISHED, TrialRow
 from sweeps.spec import SpecError, SweepSpec, parse_spec
+from sweeps.store import shown_uri, sqlite_path
 
 STATE_FILE = "sweep.json"
 
@@ -113,6 +115,32 @@ def outputs_root() -> Path:
     if not in_uploaded_job():
         return Path.cwd()
     return Path(os.environ.get("SWEEPS_HOME") or Path.home() / "sweeps").resolve()
+
+
+def job_banner(state_dir: Path, uri: str, root: Path) -> str:
+    """What a sweep says first inside a `ray job submit --working-dir` job: where its state and its MLflow
+    store live, since the job's working directory is a temporary copy of the upload. `uri` is the store as
+    the sweep opens it (a relative sqlite path made absolute under `root`, the job's `outputs_root()`)."""
+    home = f"$SWEEPS_HOME ({root}, default ~/sweeps) on this node"
+    inside = state_dir.is_relative_to(root)
+    said = (f"inside a Ray job: the sweep's state ({state_dir}) lives outside the job's temporary working copy, "
+            f"{'under ' + home if inside else 'where storage_path says, on this node'}. ")
+    db = sqlite_path(uri)
+    if db is not None:
+        where = ("there too" if inside else f"under {home}") if db.is_relative_to(root) else \
+            "where tracking.uri says, on this node"
+        return said + (f"Its MLflow store is the sqlite file {db}, {where} (a new experiment's artifacts beside it, "
+                       "in mlartifacts/)")
+    scheme = urlparse(uri).scheme
+    if scheme in ("http", "https"):
+        return said + (f"Its MLflow runs go to the tracking server at {shown_uri(uri)}, which keeps them and, with its "
+                       "default artifact proxying, their artifacts: nothing of them stays on this node")
+    if scheme and scheme not in ("file", "databricks", "sqlite"):  # a database, e.g. postgresql:// or mysql://
+        return said + (f"Its MLflow runs go to the database at {shown_uri(uri)}. Their artifacts go to the experiment's "
+                       "artifact location; for an experiment this job creates, that is MLflow's default ./mlruns in "
+                       "the job's temporary working copy, which the next job does not see: create the experiment "
+                       "with an artifact location first, or log through a tracking server")
+    return said + f"Its MLflow store is {shown_uri(uri)}"
 
 
 def storage_root(storage_path: str) -> Path:
