@@ -52,8 +52,11 @@ def _run(args: argparse.Namespace) -> int:
               f"there (old sweeps under {spec.storage_path}, Ray's logs under /tmp/ray), then: {resume_command(spec)}",
               file=sys.stderr)
         return ExitCode.RESUMABLE
-    ended = "stopped before its end after" if outcome.interrupted else "finished in"
-    _print_outcome(outcome, f"\nSweep {spec.name} {ended} {outcome.elapsed_s:.0f}s")
+    if outcome.from_store:  # it had already ended: its answer as `sweeps report` prints it
+        _print_outcome(outcome, f"\nSweep {spec.name} (parent run {outcome.parent_run_id})")
+    else:
+        ended = "stopped before its end after" if outcome.interrupted else "finished in"
+        _print_outcome(outcome, f"\nSweep {spec.name} {ended} {outcome.elapsed_s:.0f}s")
     if outcome.interrupted:
         return ExitCode.RESUMABLE
     return ExitCode.OK if outcome.best is not None else ExitCode.NO_TRIAL_FINISHED
@@ -220,9 +223,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("spec", help="the sweep spec, a YAML file")
     p.add_argument("--restart", action="store_true",
                    help="start afresh even if this sweep already ran: its Ray Tune folder is moved aside "
-                        "(by default a sweep of the same name and spec is resumed)")
+                        "(by default a sweep of the same name and spec is resumed, and one that already ended "
+                        "prints its stored answer)")
     p.set_defaults(func=_run)
-    p = sub.add_parser("resume", help="continue an interrupted sweep: finished trials and MLflow runs are kept")
+    p = sub.add_parser("resume", help="continue an interrupted sweep: finished trials and MLflow runs are kept (a "
+                                      "sweep that already ended runs nothing and prints its stored answer)")
     p.add_argument("name", help="the sweep's name (a folder under the storage path)")
     p.add_argument("--storage-path", default="ray_results", help="the spec's storage_path (default: ray_results)")
     p.set_defaults(func=_run)

@@ -80,6 +80,14 @@ def absolute_uri(uri: str, root: Path) -> str:
     return f"sqlite:///{(root / db).resolve()}"
 
 
+def shown_uri(uri: str) -> str:
+    """`uri` as it may be printed: a password in it (`postgresql://user:secret@host/db`) masked."""
+    parsed = urlparse(uri)
+    if parsed.password is None:
+        return uri
+    return parsed._replace(netloc=parsed.netloc.replace(f":{parsed.password}@", ":***@", 1)).geturl()
+
+
 def file_store_problem(uri: str) -> str | None:
     """Why MLflow 3 will not open `uri` as a store: a `file://` URI or a bare path is its file store, in
     maintenance mode (refused unless MLFLOW_ALLOW_FILE_STORE=true); None for any other store."""

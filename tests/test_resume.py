@@ -15,8 +15,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from sweeps.cli import EXIT_UNFINISHED, main
+from sweeps.results.outcome import TrialRow, end_status
 from sweeps.service.runner import run_sweep
-from sweeps.service.state import STATE_FILE, SweepExists, SweepState, spec_digest
+from sweeps.service.state import STATE_FILE, SweepExists, SweepState, spec_digest, why_ended
 from sweeps.spec import parse_spec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -137,6 +138,98 @@ def test_a_stopped_driver_resumes_without_losing_or_duplicating(ray_cluster: Non
     elif signals[0] == signal.SIGKILL:  # the killed driver never said: the figure is a lower bound, and says so
         assert held[0] is None and swept == pytest.approx(held[1])
         assert "killed outright" in tags["sweep.cost_at_least"] and "The sweep cost at least $" in tags["mlflow.note.content"]
+
+
+FINISHED_SPEC = """\
+name: done-once
+trainable: {{name: mlp-tabular, params: {{num_train_rows: 1024}}}}
+space: {{lr: {{type: float, low: 1.0e-3, high: 1.0e-2, log: true}}, num_dataloader_workers: 0, pin_memory: false}}
+budget: {{num_trials: 2, num_steps: 6, num_warmup_steps: 2, report_interval_s: 0.5}}
+scaling: {{num_workers: 1}}
+tracking: {{uri: 'sqlite:///{db}', experiment: done-test}}
+storage_path: {storage}
+seed: 7
+"""
+
+
+def _parent_as_logged(client: MlflowClient, parent: str) -> dict:
+    """What MLflow holds of a sweep: its parent run's status, end, tags, every metric's whole history and
+    every artifact, and its child runs' status and end."""
+    run = client.get_run(parent)
+
+    def files(path: str | None = None) -> list[tuple[str, int | None]]:
+        return [x for f in client.list_artifacts(parent, path) for x in (files(f.path) if f.is_dir else [(f.path, f.file_size)])]
+
+    return {"status": run.info.status, "end_time": run.info.end_time, "tags": run.data.tags,
+            "history": {k: [(m.value, m.step, m.timestamp) for m in client.get_metric_history(parent, k)]
+                        for k in run.data.metrics},
+            "artifacts": sorted(files()),
+            "children": sorted((c.info.run_id, c.info.status, c.info.end_time) for c in
+                               client.search_runs([run.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent}'"))}
+
+
+@pytest.mark.ray
+def test_a_finished_sweep_run_again_is_left_alone(ray_cluster: None, tmp_path: Path, new_store: Callable[[Path], Path],
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    import ray
+
+    import sweeps.service.controller
+    import sweeps.service.runner
+
+    new_store(tmp_path / "mlflow.db")
+    text = FINISHED_SPEC.format(db=tmp_path / "mlflow.db", storage=tmp_path / "r")
+    (tmp_path / "spec.yaml").write_text(text)
+    first = run_sweep(parse_spec(text), text, echo=lambda _: None)
+    assert [t.status for t in first.trials] == ["ok", "ok"], [(t.status, t.reason) for t in first.trials]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    logged = _parent_as_logged(client, first.parent_run_id)
+    assert len(logged["history"]["throughput/samples_per_s"]) == 1 and logged["artifacts"], logged
+    state = (tmp_path / "r" / "done-once" / STATE_FILE).read_text()
+    groups = len(ray.util.placement_group_table())
+
+    # Run again, by `sweeps run` and by `sweeps resume`: no Ray connection, no warm pool (so no worker group)
+    started: list[str] = []
+    connect, pool = sweeps.service.runner.connect_ray, sweeps.service.controller.WarmPool
+    monkeypatch.setattr(sweeps.service.runner, "connect_ray", lambda *a: started.append("ray") or connect(*a))
+    monkeypatch.setattr(sweeps.service.controller, "WarmPool", lambda *a: started.append("pool") or pool(*a))
+    capsys.readouterr()
+    for argv in (["run", str(tmp_path / "spec.yaml")], ["resume", "done-once", "--storage-path", str(tmp_path / "r")]):
+        assert main(argv) == 0, argv
+        out = capsys.readouterr().out
+        said = [line for line in out.splitlines() if "nothing to do" in line]
+        assert len(said) == 1 and "already ended" in said[0] and "all 2 trials of its budget ended" in said[0], out
+        # the stored answer, as `sweeps report` prints it
+        assert f"Sweep done-once (parent run {first.parent_run_id}): 2/2 trials ok" in out, out
+        assert "Best configuration:" in out and first.parent_run_id in out and "finished in" not in out, out
+    assert started == [], started
+    assert len(ray.util.placement_group_table()) == groups
+    assert _parent_as_logged(client, first.parent_run_id) == logged
+    assert (tmp_path / "r" / "done-once" / STATE_FILE).read_text() == state  # no driver entered the ledger
+
+
+def test_a_sweep_has_ended_only_when_its_driver_concluded_it_and_tune_has_nothing_left() -> None:
+    # why_ended: "" sends a re-run into Tune's resume, as before; a reason leaves the sweep alone
+    spec = parse_spec(FINISHED_SPEC.format(db="/x/mlflow.db", storage="/x/r").replace(
+        "report_interval_s: 0.5", "report_interval_s: 0.5, time_budget_s: 60"))
+
+    def rows(*statuses: str, reason: str = "") -> list[TrialRow]:
+        return [TrialRow(f"t{i}", i, {}, status=s, reason=reason) for i, s in enumerate(statuses)]
+
+    ok4, tune4 = rows("ok", "ok", "oom", "ok"), ["TERMINATED", "TERMINATED", "ERROR", "TERMINATED"]
+    assert why_ended(4, "FINISHED", {}, ok4, tune4) == "all 4 trials of its budget ended"
+    assert why_ended(4, "KILLED", {"sweep.interrupted": "Ctrl+C"}, ok4, tune4) == ""  # stopped before its end
+    assert why_ended(4, "RUNNING", {}, ok4, tune4) == ""  # its driver was killed outright
+    assert why_ended(4, "FINISHED", {}, rows("ok", "ok", "oom", "interrupted"), tune4) == ""
+    assert why_ended(4, "FINISHED", {}, ok4[:3], [*tune4[:3], "PENDING"]) == ""  # Tune starts it on resume
+    assert why_ended(4, "FINISHED", {}, ok4[:2], tune4[:2]) == ""  # e.g. Ctrl+C between two trials: the rest runs
+    assert why_ended(4, "FINISHED", {"sweep.stopped": "3 identical failures"}, ok4[:2], tune4[:2]) == \
+        "it stopped early after 2 of 4 trials (3 identical failures)"
+    assert why_ended(4, "FINISHED", {"sweep.exhausted": "all 2 configurations ran"}, ok4[:2], tune4[:2]) == \
+        "its space was exhausted after 2 of 4 trials"
+    status, reason, _ = end_status(spec, {}, "", out_of_time=True)  # how the callback ends a trial the budget stopped
+    assert why_ended(4, "FINISHED", {}, [*ok4[:1], *rows(status, reason=reason)], tune4[:2]) == \
+        "its time budget ran out after 2 of 4 trials"
 
 
 def test_another_spec_under_the_same_name_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

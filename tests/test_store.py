@@ -18,7 +18,8 @@ import pytest
 
 from sweeps.cli import main
 from sweeps.errors import ExitCode, StoreUnusable
-from sweeps.store import open_store
+from sweeps.service.state import job_banner
+from sweeps.store import absolute_uri, open_store
 
 
 def _tables(db: Path) -> set[str]:
@@ -170,3 +171,36 @@ def test_a_file_store_is_refused_by_validate_and_by_every_command(tmp_path: Path
     assert "MLflow file store" in capsys.readouterr().err
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # the user's own choice
     assert main(["validate", str(spec)]) == ExitCode.OK
+
+
+HOME = Path("/home/me/sweeps")  # $SWEEPS_HOME on the job's node
+
+
+@pytest.mark.parametrize(("state_dir", "uri", "says", "never"), [
+    # a relative storage_path and the default sqlite store: both made absolute under $SWEEPS_HOME
+    (HOME / "ray_results" / "s", absolute_uri("sqlite:///mlflow.db", HOME),
+     ["(/home/me/sweeps/ray_results/s) lives outside the job's temporary working copy, under $SWEEPS_HOME",
+      "Its MLflow store is the sqlite file /home/me/sweeps/mlflow.db, there too"], []),
+    # absolute paths elsewhere: where the spec put them, not $SWEEPS_HOME
+    (Path("/shared/results/s"), "sqlite:////shared/mlflow.db",
+     ["(/shared/results/s) lives outside the job's temporary working copy, where storage_path says",
+      "Its MLflow store is the sqlite file /shared/mlflow.db, where tracking.uri says, on this node"], ["$SWEEPS_HOME"]),
+    # a tracking server: not local, not on this node; a password in the URI is never printed
+    (HOME / "ray_results" / "s", "https://bob:hunter2@mlflow.example.com",
+     ["Its MLflow runs go to the tracking server at https://bob:***@mlflow.example.com", "nothing of them stays on this node"],
+     ["local", "sqlite", "hunter2", "./mlruns"]),
+    (HOME / "ray_results" / "s", "http://127.0.0.1:5000",
+     ["Its MLflow runs go to the tracking server at http://127.0.0.1:5000"], ["local", "sqlite", "./mlruns"]),
+    # a database without a server: runs there, a new experiment's artifacts in the job's working copy unless told
+    (HOME / "ray_results" / "s", "postgresql://sweeps:s3cret@db.internal:5432/mlflow",
+     ["Its MLflow runs go to the database at postgresql://sweeps:***@db.internal:5432/mlflow",
+      "./mlruns in the job's temporary working copy", "create the experiment with an artifact location first"],
+     ["local", "sqlite", "s3cret", "tracking server at"]),
+], ids=["sqlite-under-home", "sqlite-elsewhere", "https-server", "http-server", "postgresql"])
+def test_a_jobs_banner_says_where_each_kind_of_store_keeps_the_runs(state_dir: Path, uri: str, says: list[str],
+                                                                  never: list[str]) -> None:
+    banner = job_banner(state_dir, uri, HOME)
+    assert banner.startswith("inside a Ray job: the sweep's state ("), banner
+    store = banner[banner.index(". Its MLflow") + 2:]  # the store's sentences (the state's name $SWEEPS_HOME too)
+    assert all(s in banner for s in says), banner
+    assert not any(n in store for n in never) and "hunter2" not in banner and "s3cret" not in banner, banner

@@ -23,6 +23,7 @@ REPLICATE_TAG = "sweep.replicate_of"  # on a replicate's MLflow run: the number 
 MEASURED = ("ok", "infeasible")  # ran to its final report: its figures are real (infeasible breaks a constraint)
 NOT_FAILED = (*MEASURED, "pruned", "stopped")  # ended early on purpose; nothing went wrong
 UNFINISHED = ("running", "interrupted")  # a resumed sweep runs these (again)
+OUT_OF_TIME = "the sweep's time budget"  # how the reason of a trial stopped by `budget.time_budget_s` begins
 # What a trial's status says when it did not fail (a failure's kinds: sweeps.service.failures.KIND_MEANING).
 STATUS_MEANING: dict[str, str] = {
     "ok": "ran to its final report; its figures rank it",
@@ -71,7 +72,7 @@ def end_status(spec: SweepSpec, metrics: dict[str, Any], tripped: str, out_of_ti
     if tripped:
         return "stopped", f"stopped early: {tripped}", []
     if out_of_time:
-        return "stopped", f"the sweep's time budget ({spec.budget.time_budget_s:g}s) ran out", []
+        return "stopped", f"{OUT_OF_TIME} ({spec.budget.time_budget_s:g}s) ran out", []
     if spec.search.early_stopping is not None and obj.target is not None and obj.time_to_target:
         at, value = metrics.get(ELAPSED_S), metrics.get(obj.target.metric)
         return "pruned", (f"stopped by ASHA after {at:.3g}s of training: {obj.target.metric}={value:.4g} was behind "
@@ -136,6 +137,7 @@ class SweepOutcome:
     exhausted: str = ""  # set when the search ran out of configurations before num_trials (what it did then)
     sweep_usd: float | None = None  # what the sweep held at the spec's prices (None: unpriced)
     sweep_usd_short: str = ""  # why sweep_usd is only a lower bound ("": it is the whole cost)
+    from_store: bool = False  # read back from MLflow (`sweeps report`, a finished sweep run again), not run now
 
     def ranked(self) -> list[TrialRow]:
         """Finished, feasible trials, best first by the (first) objective; failed ones never rank."""

@@ -295,7 +295,7 @@ def load_outcome(client: Any, name_or_run_id: str) -> SweepOutcome:
     tags = parent.data.tags
     outcome = SweepOutcome(spec, run_id, client.tracking_uri, rows, elapsed, tags.get("sweep.stopped", ""),
                            tags.get("sweep.interrupted", ""), tags.get("sweep.exhausted", ""),
-                           parent.data.metrics.get(SWEEP_USD), tags.get("sweep.cost_at_least", ""))
+                           parent.data.metrics.get(SWEEP_USD), tags.get("sweep.cost_at_least", ""), from_store=True)
     revise_verdicts(outcome)  # as the sweep does at its end; a no-op where it logged its revision
     return outcome
 

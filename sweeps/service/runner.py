@@ -5,11 +5,13 @@ the trial driver, and at the end the outcome, the parent run and the report."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import ray
 
 from sweeps.results.outcome import SweepOutcome
+from sweeps.results.report import load_outcome
 from sweeps.service.connect import connect_ray, sigterm_as_sigint
 from sweeps.service.controller import SweepController
 from sweeps.service.progress import TERMINAL
@@ -19,6 +21,8 @@ from sweeps.service.state import (
     SweepState,
     experiment_dir,
     in_uploaded_job,
+    job_banner,
+    nothing_left,
     outputs_root,
     sweep_lock,
 )
@@ -35,14 +39,14 @@ def echo_stdout(line: str) -> None:
 def run_sweep(spec: SweepSpec, spec_text: str, echo: Callable[[str], None] = echo_stdout,
               restart: bool = False) -> SweepOutcome:
     """Run the sweep on the Ray cluster `ray.init()` finds (or a new local one). A sweep of the
-    same name and spec already in `storage_path` is resumed; another spec under that name is
-    refused (`SweepExists`); `restart` moves the old one aside and starts afresh. The sweep's lock is
-    held throughout: a second run of it refuses at once (`SweepLocked`)."""
+    same name and spec already in `storage_path` is resumed; one that already ended (`nothing_left`)
+    is left alone: its outcome is read back from MLflow (`from_store`), and Ray does not start. Another spec
+    under that name is refused (`SweepExists`); `restart` moves the old one aside and starts afresh. The
+    sweep's lock is held throughout: a second run of it refuses at once (`SweepLocked`)."""
     uri = spec.tracking.resolved_uri()
     if in_uploaded_job():  # the job's working directory is a temporary copy of the upload
         uri = absolute_uri(uri, outputs_root())
-        echo(f"inside a Ray job: the sweep's state ({experiment_dir(spec)}) and a local MLflow store ({uri}) live "
-             "outside the job's temporary working copy ($SWEEPS_HOME, default ~/sweeps, on this node)")
+        echo(job_banner(experiment_dir(spec), uri, outputs_root()))
     with sweep_lock(spec):
         state = SweepState.find(spec, spec_text, restart=restart, echo=echo)
         if state is not None and state.prices is not None and spec.cost is not None and spec.cost.saved() != state.prices:
@@ -57,6 +61,12 @@ def run_sweep(spec: SweepSpec, spec_text: str, echo: Callable[[str], None] = ech
                               f"{state.parent_run_id} at {uri}, which that store no longer "
                               "has (was it deleted, or tracking.uri changed?). Run the sweep with --restart to start it "
                               "afresh (the old folder is moved aside), or point tracking.uri at the store that has it")
+        if state is not None and (ended := nothing_left(spec, state, tracker.client)):
+            # before Ray starts: nothing runs again, and MLflow keeps the answer the sweep gave when it ended
+            echo(f"sweep {spec.name} already ended ({ended}): nothing to do, so nothing ran and its MLflow runs are "
+                 f"untouched; its answer as stored follows (`sweeps run --restart` runs the spec afresh)")
+            os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # as `sweeps report`: one small file
+            return load_outcome(tracker.client, state.parent_run_id)
         started_ray = connect_ray(local_runtime_env, echo)
         try:
             with sigterm_as_sigint():  # after ray.init, whose own SIGTERM handler aborts the process

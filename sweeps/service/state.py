@@ -4,6 +4,8 @@ It records the spec (its text and a hash of its validated form), the MLflow pare
 the token that ties the sweep's searcher, stopper and callback together. Ray Tune keeps the
 rest (trial states, the Optuna study) in the same folder. The trial -> MLflow run mapping is
 not kept here but on the runs themselves (tag `sweep.trial_id` on each child of the parent).
+From these and Tune's saved experiment state, `nothing_left` says whether a saved sweep has anything
+left to run: one that already ended is not run again.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import socket
 import sys
@@ -20,9 +23,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from sweeps.errors import InputError
+from sweeps.results.outcome import OUT_OF_TIME, UNFINISHED, TrialRow
 from sweeps.spec import SpecError, SweepSpec, parse_spec
+from sweeps.store import shown_uri, sqlite_path
 
 STATE_FILE = "sweep.json"
 
@@ -111,6 +117,32 @@ def outputs_root() -> Path:
     return Path(os.environ.get("SWEEPS_HOME") or Path.home() / "sweeps").resolve()
 
 
+def job_banner(state_dir: Path, uri: str, root: Path) -> str:
+    """What a sweep says first inside a `ray job submit --working-dir` job: where its state and its MLflow
+    store live, since the job's working directory is a temporary copy of the upload. `uri` is the store as
+    the sweep opens it (a relative sqlite path made absolute under `root`, the job's `outputs_root()`)."""
+    home = f"$SWEEPS_HOME ({root}, default ~/sweeps) on this node"
+    inside = state_dir.is_relative_to(root)
+    said = (f"inside a Ray job: the sweep's state ({state_dir}) lives outside the job's temporary working copy, "
+            f"{'under ' + home if inside else 'where storage_path says, on this node'}. ")
+    db = sqlite_path(uri)
+    if db is not None:
+        where = ("there too" if inside else f"under {home}") if db.is_relative_to(root) else \
+            "where tracking.uri says, on this node"
+        return said + (f"Its MLflow store is the sqlite file {db}, {where} (a new experiment's artifacts beside it, "
+                       "in mlartifacts/)")
+    scheme = urlparse(uri).scheme
+    if scheme in ("http", "https"):
+        return said + (f"Its MLflow runs go to the tracking server at {shown_uri(uri)}, which keeps them and, with its "
+                       "default artifact proxying, their artifacts: nothing of them stays on this node")
+    if scheme and scheme not in ("file", "databricks", "sqlite"):  # a database, e.g. postgresql:// or mysql://
+        return said + (f"Its MLflow runs go to the database at {shown_uri(uri)}. Their artifacts go to the experiment's "
+                       "artifact location; for an experiment this job creates, that is MLflow's default ./mlruns in "
+                       "the job's temporary working copy, which the next job does not see: create the experiment "
+                       "with an artifact location first, or log through a tracking server")
+    return said + f"Its MLflow store is {shown_uri(uri)}"
+
+
 def storage_root(storage_path: str) -> Path:
     """The folder a `storage_path` names (relative: under `outputs_root()`)."""
     return (outputs_root() / storage_path).resolve()
@@ -189,6 +221,66 @@ class SweepState:
             exp_dir.rename(exp_dir.with_name(f"{spec.name}.old-{time.strftime('%Y%m%d-%H%M%S')}"))
             return None
         return state
+
+
+# Ray Tune's end states: a restored run starts neither again (`resume_errored=False`, `restart_errored=False`)
+_TUNE_ENDED = ("TERMINATED", "ERROR")
+
+
+def why_ended(num_trials: int, parent_status: str, parent_tags: dict[str, str], rows: list[TrialRow],
+              tune_statuses: list[str]) -> str:
+    """Why a saved sweep has nothing left to run; "" when a resume has work to do, or when that is not certain.
+    A sweep ended when its last driver concluded it (its MLflow parent run FINISHED: neither stopped before
+    its end nor killed while it ran), every trial ended (on its MLflow run and in Tune's saved state, which a
+    resume restores), and Tune starts no new one: the budget's trials all ran, or the breaker stopped the
+    sweep, or it ran out of configurations or of its time budget."""
+    if parent_status != "FINISHED" or parent_tags.get("sweep.interrupted"):
+        return ""
+    if any(r.status in UNFINISHED for r in rows) or any(s not in _TUNE_ENDED for s in tune_statuses):
+        return ""
+    ran = len(tune_statuses)
+    if ran >= num_trials:
+        return f"all {num_trials} trials of its budget ended"
+    if parent_tags.get("sweep.stopped"):
+        return f"it stopped early after {ran} of {num_trials} trials ({parent_tags['sweep.stopped']})"
+    if parent_tags.get("sweep.exhausted"):
+        return f"its space was exhausted after {ran} of {num_trials} trials"
+    if any(r.status == "stopped" and r.reason.startswith(OUT_OF_TIME) for r in rows):
+        return f"its time budget ran out after {ran} of {num_trials} trials"
+    return ""  # e.g. a Ctrl+C between two trials: resume runs the rest
+
+
+def nothing_left(spec: SweepSpec, state: SweepState, client: Any) -> str:
+    """`why_ended` for a saved sweep, from its MLflow runs (`client`) and Ray Tune's experiment state in its
+    folder. Starts nothing: no Ray, no write to MLflow."""
+    from sweeps.results.report import rows_from_runs
+    from sweeps.tracking import child_runs
+
+    parent = client.get_run(state.parent_run_id)
+    if parent.info.status != "FINISHED":  # the common case, a stopped sweep: nothing more to read
+        return ""
+    statuses = tune_statuses(experiment_dir(spec))
+    if statuses is None:
+        return ""
+    rows = rows_from_runs(child_runs(client, parent.info.experiment_id, state.parent_run_id))
+    return why_ended(spec.budget.num_trials, parent.info.status, parent.data.tags, rows, statuses)
+
+
+def tune_statuses(exp_dir: Path) -> list[str] | None:
+    """The status of every trial in Ray Tune's saved experiment state (PENDING, RUNNING, PAUSED, TERMINATED or
+    ERROR), read through Tune's public `ExperimentAnalysis`; None when Tune saved none."""
+    from ray.tune import ExperimentAnalysis
+
+    # it warns about each trial that has no result files (one that failed at once): not news here
+    quiet = logging.getLogger("ray.tune.analysis.experiment_analysis")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        return [str(t.status) for t in ExperimentAnalysis(str(exp_dir)).trials]
+    except ValueError:  # "No experiment snapshot file ... was found"
+        return None
+    finally:
+        quiet.setLevel(level)
 
 
 def load_for_resume(storage_path: str, name: str) -> tuple[SweepSpec, str]:
