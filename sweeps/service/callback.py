@@ -82,8 +82,9 @@ class SweepCallback(tune.Callback):
         self._cost: dict[str, float] = {}  # each ended trial's own wall time, start to end: what the ETA uses (`Costs`)
         self._prior_usd: dict[str, float] = {}  # what a trial run again (after a resume) cost in its earlier attempts
         self.charged: dict[str, float] = {}  # what each trial this driver ran cost in it (`charge`)
-        self.halted = ""  # why a trial asked to halt the sweep (HALT_KINDS)
+        self.halted = ""  # why the sweep halts: a trial's HALT_KINDS, or a wait over budget.max_queue_s
         self.queue: Any = None  # the warm pool's queue, when the sweep has one
+        self.waits: Any = None  # the sweep's wait watcher (sweeps.service.waits), whose `over` halts the sweep
         self.trials_dir = ""  # where the trials keep their checkpoints and traces (the controller sets it)
         self.speed_of_light: SpeedOfLight | None = None  # measured limits to score finished trials against
         for row in self.rows.values():  # a resumed sweep keeps what it learnt about memory
@@ -128,13 +129,23 @@ class SweepCallback(tune.Callback):
 
     def _halt(self, row: TrialRow, why: str) -> None:
         row.reason = why
+        self.halt(f"trial {row.number} {why}")
+
+    def halt(self, why: str) -> None:
+        """Stop the sweep, resumable: the trials still running run again when it is resumed."""
         if self.halted:
             return
-        self.halted = f"trial {row.number} {why}"
-        self.echo(f"HALTING the sweep: trial {row.number} {why}. Finished trials are kept; trials still running "
+        self.halted = why
+        self.echo(f"HALTING the sweep: {why}. Finished trials are kept; trials still running "
                   "run again when the sweep is resumed.")
         if not _interrupt_tune():  # not Tune's main thread: stop every trial instead (they end as stopped)
             self.state.tripped = f"halted: {self.halted}"
+
+    def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
+        # budget.max_queue_s: once trials are out (a halt before any would end the sweep as if finished)
+        over = getattr(self.waits, "over", "")
+        if over and self.unfinished():
+            self.halt(over)
 
     def started(self) -> set[str]:
         """Trials this driver started (a resumed sweep's earlier trials are not among them)."""
