@@ -287,3 +287,19 @@ def test_the_eta_prices_the_restarts_the_plan_expects_and_stops_where_the_space_
     assert remaining_s(spec, rows, stopping) == 5 * 5.0
     assert "planned: 6 trial(s)" in planned_cost(spec, 8.0) and "(the space has 6 configurations; none runs twice)" \
         in planned_cost(spec, 8.0)
+
+
+def test_the_overhead_line_counts_a_wait_for_resources_apart_from_the_services_own_cost() -> None:
+    from sweeps.service.progress import overhead_line
+
+    # in the shape of sweep u1 of the three on one head: its group waited ~60 s for another sweep's to be released
+    rows = [TrialRow(f"t{i}", i, {}, status="ok", metrics={"time/loop_total_s": 4.0}) for i in (1, 2, 3, 4)]
+    line = overhead_line(rows, 100.0, [(2, 4.5, "first")], waited_s=60.2)
+    assert line == ("warm worker groups: 1 started for 4 trial(s) (the first 4.5 s); sweep wall 100.0 s = trial loops "
+                    "16.0 s + waiting 60.2 s for resources other work held + the service's own 23.8 s, 5.9 s per trial")
+    assert "waiting" not in overhead_line(rows, 100.0, [(2, 4.5, "first")])  # none waited: the line as before
+    # a wait beside a running trial (two slots): wall time that loops and waits both claim cannot be split
+    assert overhead_line(rows, 70.0, [(2, 4.5, "first")] * 2, waited_s=60.2).endswith(
+        "trial loops 16.0 s in all, waiting 60.2 s for resources other work held: the trials and waits overlapped, "
+        "so the service's own cost cannot be told apart")
+

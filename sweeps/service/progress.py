@@ -352,27 +352,30 @@ def groups_said(starts: list[tuple[Any, float, str]], trials: int) -> str:
 
 
 def overhead_line(rows: list[TrialRow], wall_s: float, groups: list[tuple[Any, float, str]] | None,
-                  probe_s: float = 0.0) -> str:
+                  probe_s: float = 0.0, waited_s: float = 0.0) -> str:
     """Where the sweep's wall time went: the memory probe, the trials' own loops (warm-up with any
-    compilation, the measured windows, validation and the rest) and what is left, the service's own
-    cost (scheduling, worker start-up, tracking), per trial that ran. A trial that failed before its
-    final report has no loop time: its time falls in the service's share, and the line says so.
-    `groups`: each warm group started (shape, seconds to start, why), None without warm groups."""
+    compilation, the measured windows, validation and the rest), waiting for resources other work held
+    (`waited_s`: `sweeps.service.waits`), and what is left, the service's own cost (scheduling, worker
+    start-up, tracking), per trial that ran. A trial that failed before its final report has no loop time:
+    its time falls in the service's share, and the line says so. `groups`: each warm group started (shape,
+    seconds to start less its wait, why), None without warm groups."""
     mode = groups_said(groups, len(rows)) if groups is not None else "one Ray Train run per trial"
     ended = [r for r in rows if isinstance(r.metrics.get(LOOP_S), (int, float))]
     if not ended:
         return f"{mode}; no trial ran its loop to the end, so no overhead figure"
     loops, warm, window = _total(ended, LOOP_S), _total(ended, WARMUP_S), _total(ended, WINDOW_S)
-    service = wall_s - probe_s - loops
+    service = wall_s - probe_s - loops - waited_s
     probe = f"memory probe {probe_s:.1f} s + " if probe_s else ""
+    waits = f" + waiting {waited_s:.1f} s for resources other work held" if waited_s >= 0.05 else ""
     made = _total(ended, DATA_PREP_S)  # data files written once for the node, inside warm-up's build
     of_it = f", of it {made:.1f} s making data" if made >= 0.05 else ""
     inside = (f" (warm-up incl. compile {warm:.1f} s{of_it}, measured {window:.1f} s, validation and the rest "
               f"{loops - warm - window:.1f} s)" if warm and window else "")
     if service < 0:  # trials ran side by side: their loops add up to more than the wall time
-        return (f"{mode}; sweep wall {wall_s:.1f} s, {probe}trial loops {loops:.1f} s in all{inside}: the trials "
-                "overlapped, so the service's own cost cannot be told apart")
+        waits = f", waiting {waited_s:.1f} s for resources other work held" if waits else ""
+        return (f"{mode}; sweep wall {wall_s:.1f} s, {probe}trial loops {loops:.1f} s in all{inside}{waits}: the "
+                f"trials {'and waits ' if waits else ''}overlapped, so the service's own cost cannot be told apart")
     unknown = len(rows) - len(ended)
     note = (f"; {unknown} trial(s) without a final report count in the service's share" if unknown else "")
-    return (f"{mode}; sweep wall {wall_s:.1f} s = {probe}trial loops {loops:.1f} s{inside} + the service's own "
-            f"{service:.1f} s, {service / len(rows):.1f} s per trial{note}")
+    return (f"{mode}; sweep wall {wall_s:.1f} s = {probe}trial loops {loops:.1f} s{inside}{waits} + the service's "
+            f"own {service:.1f} s, {service / len(rows):.1f} s per trial{note}")
