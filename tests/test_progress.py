@@ -303,3 +303,24 @@ def test_the_overhead_line_counts_a_wait_for_resources_apart_from_the_services_o
         "trial loops 16.0 s in all, waiting 60.2 s for resources other work held: the trials and waits overlapped, "
         "so the service's own cost cannot be told apart")
 
+
+def test_the_eta_is_a_range_once_contention_changed_during_the_sweep() -> None:
+    from sweeps.service.progress import Costs, TrialCost, eta_range, sweep_status
+
+    spec = parse_spec("name: p\ntrainable: {name: mlp-tabular}\nbudget: {num_trials: 8, num_steps: 2}\n")
+    rows = [TrialRow(f"t{i}", i, {"precision": "32"}, status="ok") for i in (1, 2, 3)]
+    alone = TrialCost.of("32", 10.0, {"contention/cpu_other_cores": 0.1})
+    shared = TrialCost.of("32", 22.0, {"contention/cpu_other_cores": 1.8})  # another sweep's trial beside it
+    assert (alone.contended, shared.contended, TrialCost.of("32", 9.0, {}).contended) == (False, True, None)
+    # trial 1 alone, then another sweep started: 5 to come at 10 s or at 22 s, not at the mean of the three
+    costs = Costs([alone, shared, shared])
+    assert eta_range(spec, rows, costs) == (50.0, 110.0)
+    status = sweep_status(spec, rows, elapsed=60.0, costs=costs)
+    assert status.text().endswith("ETA 50-110s") and status.text(status.at + 60.0).endswith("ETA up to 50s")
+    # every ended trial measured alike: one figure, as before
+    assert eta_range(spec, rows, Costs([shared] * 3)) == (110.0, None)
+    assert sweep_status(spec, rows, 60.0, Costs([shared] * 3)).text().endswith("ETA 110s")
+    # the running trials report other conditions than every ended trial had: an open end
+    assert sweep_status(spec, rows, 60.0, Costs([alone] * 3, now_contended=True)).text().endswith("ETA 50s or more")
+    assert sweep_status(spec, rows, 60.0, Costs([shared] * 3, now_contended=False)).text().endswith("ETA up to 110s")
+    assert eta_range(spec, rows, Costs([alone] * 3, now_contended=False)) == (50.0, None)

@@ -29,7 +29,7 @@ from sweeps.search.state import SearchState, oom_label
 from sweeps.search.trials import fixed_knobs, resolve_trial, trial_params
 from sweeps.service.breaker import FailureStreak
 from sweeps.service.failures import failure_of
-from sweeps.service.progress import Costs, TrialCost, progress_line
+from sweeps.service.progress import Costs, TrialCost, conditions, progress_line
 from sweeps.service.trial import HALT_KEY, trace_dir
 from sweeps.spec import SweepSpec
 from sweeps.tracking import SweepTracker
@@ -260,8 +260,11 @@ class SweepCallback(tune.Callback):
             if self.speed_of_light is not None and not self.spec.scaling.use_gpu else frozenset()
         skipped = [str(k.get("precision")) for k in self.state.grid_skips(fixed_knobs(self.spec))]
         group_s, restarts = self._restarts()
+        # the conditions now: what the running trials' latest reports measured (None where none did yet)
+        shared = [c for k in self._began if k not in self._ended if (c := conditions(self.rows[k].metrics)) is not None]
         return progress_line(self.spec, row, list(self.rows.values()), time.monotonic() - self.t0,
-                             Costs(ended, running, slow, skipped, group_s, restarts, self.state.space_left))
+                             Costs(ended, running, slow, skipped, group_s, restarts, self.state.space_left,
+                                   any(shared) if shared else None))
 
     def _restarts(self) -> tuple[float, float]:
         """(what a warm group's start cost on this cluster, the restarts the trials to come are expected to
