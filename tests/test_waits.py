@@ -3,8 +3,14 @@ the line every 30 s, the wait booked apart from the warm group's start, and budg
 
 from __future__ import annotations
 
+import os
+import re
 import signal
+import subprocess
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -150,3 +156,67 @@ def test_what_holds_the_resources_is_said_and_what_the_sweep_holds_counts_as_fre
     assert gpus.said() == "a worker group of 4 x {CPU: 1, GPU: 1}"
     assert holders_said(gpus, FakeCluster([gpus], {"CPU": 8.0}, {"CPU": 8.0, "GPU": 2.0})) == (
         "the cluster has 2 GPUs in all: the group waits for nodes to be added")
+
+
+HOLDER = """\
+import select, sys, ray
+ray.init(address=sys.argv[1])
+pg = ray.util.placement_group([{"CPU": 2.0}])
+ray.get(pg.ready(), timeout=60)
+print("held", flush=True)
+select.select([sys.stdin], [], [], 90)  # until the test lets go (closes the pipe), 90 s at most
+ray.util.remove_placement_group(pg)
+"""
+
+REAL = """\
+name: waits
+trainable: {{name: mlp-tabular, params: {{num_train_rows: 256}}}}
+budget: {{num_trials: 1, num_steps: 6, num_warmup_steps: 2, report_interval_s: 0.01}}
+scaling: {{num_workers: 1, cpus_per_worker: 1}}
+telemetry: {{period_s: 0}}
+tracking: {{uri: "sqlite:///{db}"}}
+storage_path: {storage}
+"""
+
+
+def test_a_sweep_says_it_waits_while_another_job_holds_the_cluster_and_counts_the_wait_apart(
+        ray_cluster: None, tmp_path: Path, new_store: Callable[[Path], Path]) -> None:
+    """Another job (a process of its own) holds both of the session cluster's CPUs, and lets go once the sweep
+    said it waits (30 s into the wait)."""
+    import ray
+
+    from sweeps.service.runner import run_sweep
+    from sweeps.service.waits import job_groups
+
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, ray.get_runtime_context().gcs_address],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    assert holder.stdin is not None and holder.stdout is not None
+    lines: list[str] = []
+
+    def echo(line: str) -> None:
+        lines.append(line)
+        if line.startswith("waiting ") and not holder.stdin.closed:  # type: ignore[union-attr]
+            holder.stdin.close()  # type: ignore[union-attr]
+
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert job_groups(ray.get_runtime_context().get_job_id()) == []  # the other job's group is not this one's
+        text = REAL.format(db=new_store(tmp_path / "mlflow.db"), storage=tmp_path / "results")
+        outcome = run_sweep(parse_spec(text), text, echo=echo)
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    assert [t.status for t in outcome.trials] == ["ok"], lines
+    assert any("0 fit in what is free now (0 of 2 CPU free); running 1 — other work holds the rest" in line
+               for line in lines), lines
+    said = [line for line in lines if line.startswith("waiting ")]
+    assert said == ["waiting 30 s for a worker group of 1 x {CPU: 1} (the cluster has 0 of 2 CPUs free; other jobs "
+                    "hold 2 CPUs)"], lines
+    overhead = next(line for line in lines if line.startswith("warm worker groups"))
+    first = float(re.search(r"\(the first ([\d.]+) s\)", overhead)[1])  # type: ignore[index]
+    waited = float(re.search(r"\+ waiting ([\d.]+) s for resources other work held \+ the service's own",
+                             overhead)[1])  # type: ignore[index]
+    assert waited >= 29 and first < waited, overhead  # the wait is not the group's start (48 s and more before)
+    planned = next(line for line in lines if line.startswith("planned: "))
+    assert f"x {first:.1f} s (the first one here)" in planned, planned
