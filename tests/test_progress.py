@@ -298,6 +298,9 @@ def test_the_overhead_line_counts_a_wait_for_resources_apart_from_the_services_o
     assert line == ("warm worker groups: 1 started for 4 trial(s) (the first 4.5 s); sweep wall 100.0 s = trial loops "
                     "16.0 s + waiting 60.2 s for resources other work held + the service's own 23.8 s, 5.9 s per trial")
     assert "waiting" not in overhead_line(rows, 100.0, [(2, 4.5, "first")])  # none waited: the line as before
+    assert overhead_line([TrialRow("f", 1, {}, status="interrupted")], 30.0, [], waited_s=20.1) == (
+        "warm worker groups: 0 started for 1 trial(s); no trial ran its loop to the end, so no overhead figure (it "
+        "waited 20.1 s for resources other work held)")  # halted by budget.max_queue_s
     # a wait beside a running trial (two slots): wall time that loops and waits both claim cannot be split
     assert overhead_line(rows, 70.0, [(2, 4.5, "first")] * 2, waited_s=60.2).endswith(
         "trial loops 16.0 s in all, waiting 60.2 s for resources other work held: the trials and waits overlapped, "

@@ -165,7 +165,8 @@ class SweepController:
                 for trial_id in callback.unfinished():  # an interrupted attempt held its devices too
                     callback.charge(trial_id)
                 if self.pool is not None:  # waited for: what its groups held is priced to their end
-                    groups = self.pool.join(timeout_s=10.0 if hurried else 30.0)
+                    stopped = hurried or (self.waits is not None and bool(self.waits.over))  # halted for its wait: stop groups sooner
+                    groups = self.pool.join(timeout_s=10.0 if stopped else 30.0)
                 outcome = self._conclude(callback, ok, wall, report=not hurried)
             finally:
                 this_run = [r for r in callback.rows.values() if r.trial_id in callback.started()]

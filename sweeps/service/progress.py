@@ -411,7 +411,8 @@ def overhead_line(rows: list[TrialRow], wall_s: float, groups: list[tuple[Any, f
     mode = groups_said(groups, len(rows)) if groups is not None else "one Ray Train run per trial"
     ended = [r for r in rows if isinstance(r.metrics.get(LOOP_S), (int, float))]
     if not ended:
-        return f"{mode}; no trial ran its loop to the end, so no overhead figure"
+        waits = f" (it waited {waited_s:.1f} s for resources other work held)" if waited_s >= 0.05 else ""
+        return f"{mode}; no trial ran its loop to the end, so no overhead figure{waits}"
     loops, warm, window = _total(ended, LOOP_S), _total(ended, WARMUP_S), _total(ended, WINDOW_S)
     service = wall_s - probe_s - loops - waited_s
     probe = f"memory probe {probe_s:.1f} s + " if probe_s else ""

@@ -230,7 +230,7 @@ class WaitWatcher:
             self._said = int(waited // LINE_EVERY_S)
             self.echo(f"waiting {waited:.0f} s for {what}")
         if limit:
-            self.over = f"it waited {waited:.0f} s, longer than budget.max_queue_s: {self.limit_s:g}, for {what}"
+            self.over = f"it waited longer than budget.max_queue_s ({self.limit_s:g} s) for {what}"
 
     def start(self, period_s: float = SAMPLE_S) -> WaitWatcher:
         self._thread = threading.Thread(target=self._run, args=(period_s,), name="sweep-waits", daemon=True)
