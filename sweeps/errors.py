@@ -33,7 +33,8 @@ EXIT_CODES: dict[ExitCode, str] = {
                              "not a database, is corrupt, half-created or read-only, a folder that cannot be "
                              "written, an unsupported `file://` store, no store where a read was asked.",
     ExitCode.RESUMABLE: "The sweep stopped before its end and can be resumed (`sweeps resume NAME`): Ctrl+C, "
-                        "SIGTERM (`timeout`, systemd, SLURM, Kubernetes), a full disk.",
+                        "SIGTERM (`timeout`, systemd, SLURM, Kubernetes), a full disk, a wait for resources longer than "
+                        "`budget.max_queue_s`.",
     ExitCode.ENVIRONMENT: "The machine or cluster is not usable: Ray cannot start or a Ray address does not answer, "
                           "a read-only HOME, an unusable TMPDIR.",
     ExitCode.INTERNAL: "An unexpected error (a bug): the line names the log file that holds its traceback.",

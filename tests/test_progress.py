@@ -287,3 +287,43 @@ def test_the_eta_prices_the_restarts_the_plan_expects_and_stops_where_the_space_
     assert remaining_s(spec, rows, stopping) == 5 * 5.0
     assert "planned: 6 trial(s)" in planned_cost(spec, 8.0) and "(the space has 6 configurations; none runs twice)" \
         in planned_cost(spec, 8.0)
+
+
+def test_the_overhead_line_counts_a_wait_for_resources_apart_from_the_services_own_cost() -> None:
+    from sweeps.service.progress import overhead_line
+
+    # in the shape of sweep u1 of the three on one head: its group waited ~60 s for another sweep's to be released
+    rows = [TrialRow(f"t{i}", i, {}, status="ok", metrics={"time/loop_total_s": 4.0}) for i in (1, 2, 3, 4)]
+    line = overhead_line(rows, 100.0, [(2, 4.5, "first")], waited_s=60.2)
+    assert line == ("warm worker groups: 1 started for 4 trial(s) (the first 4.5 s); sweep wall 100.0 s = trial loops "
+                    "16.0 s + waiting 60.2 s for resources other work held + the service's own 23.8 s, 5.9 s per trial")
+    assert "waiting" not in overhead_line(rows, 100.0, [(2, 4.5, "first")])  # none waited: the line as before
+    assert overhead_line([TrialRow("f", 1, {}, status="interrupted")], 30.0, [], waited_s=20.1) == (
+        "warm worker groups: 0 started for 1 trial(s); no trial ran its loop to the end, so no overhead figure (it "
+        "waited 20.1 s for resources other work held)")  # halted by budget.max_queue_s
+    # a wait beside a running trial (two slots): wall time that loops and waits both claim cannot be split
+    assert overhead_line(rows, 70.0, [(2, 4.5, "first")] * 2, waited_s=60.2).endswith(
+        "trial loops 16.0 s in all, waiting 60.2 s for resources other work held: the trials and waits overlapped, "
+        "so the service's own cost cannot be told apart")
+
+
+def test_the_eta_is_a_range_once_contention_changed_during_the_sweep() -> None:
+    from sweeps.service.progress import Costs, TrialCost, eta_range, sweep_status
+
+    spec = parse_spec("name: p\ntrainable: {name: mlp-tabular}\nbudget: {num_trials: 8, num_steps: 2}\n")
+    rows = [TrialRow(f"t{i}", i, {"precision": "32"}, status="ok") for i in (1, 2, 3)]
+    alone = TrialCost.of("32", 10.0, {"contention/cpu_other_cores": 0.1})
+    shared = TrialCost.of("32", 22.0, {"contention/cpu_other_cores": 1.8})  # another sweep's trial beside it
+    assert (alone.contended, shared.contended, TrialCost.of("32", 9.0, {}).contended) == (False, True, None)
+    # trial 1 alone, then another sweep started: 5 to come at 10 s or at 22 s, not at the mean of the three
+    costs = Costs([alone, shared, shared])
+    assert eta_range(spec, rows, costs) == (50.0, 110.0)
+    status = sweep_status(spec, rows, elapsed=60.0, costs=costs)
+    assert status.text().endswith("ETA 50-110s") and status.text(status.at + 60.0).endswith("ETA up to 50s")
+    # every ended trial measured alike: one figure, as before
+    assert eta_range(spec, rows, Costs([shared] * 3)) == (110.0, None)
+    assert sweep_status(spec, rows, 60.0, Costs([shared] * 3)).text().endswith("ETA 110s")
+    # the running trials report other conditions than every ended trial had: an open end
+    assert sweep_status(spec, rows, 60.0, Costs([alone] * 3, now_contended=True)).text().endswith("ETA 50s or more")
+    assert sweep_status(spec, rows, 60.0, Costs([shared] * 3, now_contended=False)).text().endswith("ETA up to 110s")
+    assert eta_range(spec, rows, Costs([alone] * 3, now_contended=False)) == (50.0, None)

@@ -21,3 +21,11 @@ def test_rays_gpu_type_name_comes_from_its_nvidia_accelerator_manager() -> None:
     get = NvidiaGPUAcceleratorManager.get_current_node_accelerator_type
     assert callable(get) and not inspect.signature(get).parameters  # a static method of no argument
     assert NvidiaGPUAcceleratorManager.get_resource_name() == "GPU"
+
+
+def test_a_placement_groups_id_ends_with_the_id_of_the_job_that_made_it() -> None:
+    # sweeps.service.waits.job_groups: Ray's table of placement groups names no group's job; the id does
+    import ray
+
+    job = ray.JobID.from_int(7)
+    assert ray.PlacementGroupID.of(job).hex().endswith(job.hex()) and len(job.hex()) == 2 * ray.JobID.size()

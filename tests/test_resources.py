@@ -35,6 +35,23 @@ def test_a_trial_reserves_its_loader_workers_and_the_checks_use_the_largest() ->
     refuse_if_never_fits(small, {"CPU": 2.0})  # a 2-core machine that declares loaders share their rank's core
 
 
+def test_how_many_trials_fit_is_said_of_the_clusters_total_and_of_what_is_free_now() -> None:
+    # the three sweeps on one head (4 CPUs declared): the third was told 2 fit while other jobs held all 4
+    spec = parse_spec("name: t\ntrainable: {name: mlp-tabular}\nbudget: {num_trials: 2, num_steps: 5}\n")
+    assert concurrency_note(spec, {"CPU": 4.0}, {"CPU": 0.0}) == (
+        "cluster fits 2 trial(s) at once (2 CPU, 0 GPU each at most); 0 fit in what is free now (0 of 4 CPU free); "
+        "running 1 — other work holds the rest: its trials wait until it is released (a warm group is held until its "
+        "sweep ends; budget.max_queue_s bounds the wait)")
+    assert concurrency_note(spec, {"CPU": 4.0}, {"CPU": 2.0}) == (
+        "cluster fits 2 trial(s) at once (2 CPU, 0 GPU each at most); 1 fit in what is free now (2 of 4 CPU free); "
+        "running 1")
+    two = parse_spec("name: t\ntrainable: {name: mlp-tabular}\nbudget: {num_trials: 2, num_steps: 5, "
+                     "max_concurrent_trials: 2}\n")
+    assert concurrency_note(two, {"CPU": 4.0}, {"CPU": 3.0}).endswith(
+        "1 fit in what is free now (3 of 4 CPU free); running 2 — other work holds the rest: 1 of its trials wait "
+        "until it is released (a warm group is held until its sweep ends; budget.max_queue_s bounds the wait)")
+
+
 def test_a_trial_says_how_many_cores_it_used(data_dir: Path) -> None:
     cfg = TrialConfig(workload="image-cnn", batch_size=16, precision="32", lr=1e-3, num_steps=10, num_warmup_steps=2,
                       num_dataloader_workers=1, telemetry_period_s=0.05, data_dir=str(data_dir),

@@ -29,7 +29,7 @@ from sweeps.search.state import SearchState, oom_label
 from sweeps.search.trials import fixed_knobs, resolve_trial, trial_params
 from sweeps.service.breaker import FailureStreak
 from sweeps.service.failures import failure_of
-from sweeps.service.progress import Costs, TrialCost, progress_line
+from sweeps.service.progress import Costs, TrialCost, conditions, progress_line
 from sweeps.service.trial import HALT_KEY, trace_dir
 from sweeps.spec import SweepSpec
 from sweeps.tracking import SweepTracker
@@ -82,8 +82,9 @@ class SweepCallback(tune.Callback):
         self._cost: dict[str, float] = {}  # each ended trial's own wall time, start to end: what the ETA uses (`Costs`)
         self._prior_usd: dict[str, float] = {}  # what a trial run again (after a resume) cost in its earlier attempts
         self.charged: dict[str, float] = {}  # what each trial this driver ran cost in it (`charge`)
-        self.halted = ""  # why a trial asked to halt the sweep (HALT_KINDS)
+        self.halted = ""  # why the sweep halts: a trial's HALT_KINDS, or a wait over budget.max_queue_s
         self.queue: Any = None  # the warm pool's queue, when the sweep has one
+        self.waits: Any = None  # the sweep's wait watcher (sweeps.service.waits), whose `over` halts the sweep
         self.trials_dir = ""  # where the trials keep their checkpoints and traces (the controller sets it)
         self.speed_of_light: SpeedOfLight | None = None  # measured limits to score finished trials against
         for row in self.rows.values():  # a resumed sweep keeps what it learnt about memory
@@ -128,13 +129,23 @@ class SweepCallback(tune.Callback):
 
     def _halt(self, row: TrialRow, why: str) -> None:
         row.reason = why
+        self.halt(f"trial {row.number} {why}")
+
+    def halt(self, why: str) -> None:
+        """Stop the sweep, resumable: the trials still running run again when it is resumed."""
         if self.halted:
             return
-        self.halted = f"trial {row.number} {why}"
-        self.echo(f"HALTING the sweep: trial {row.number} {why}. Finished trials are kept; trials still running "
+        self.halted = why
+        self.echo(f"HALTING the sweep: {why}. Finished trials are kept; trials still running "
                   "run again when the sweep is resumed.")
         if not _interrupt_tune():  # not Tune's main thread: stop every trial instead (they end as stopped)
             self.state.tripped = f"halted: {self.halted}"
+
+    def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
+        # budget.max_queue_s: once trials are out (a halt before any would end the sweep as if finished)
+        over = getattr(self.waits, "over", "")
+        if over and self.unfinished():
+            self.halt(over)
 
     def started(self) -> set[str]:
         """Trials this driver started (a resumed sweep's earlier trials are not among them)."""
@@ -249,8 +260,11 @@ class SweepCallback(tune.Callback):
             if self.speed_of_light is not None and not self.spec.scaling.use_gpu else frozenset()
         skipped = [str(k.get("precision")) for k in self.state.grid_skips(fixed_knobs(self.spec))]
         group_s, restarts = self._restarts()
+        # the conditions now: what the running trials' latest reports measured (None where none did yet)
+        shared = [c for k in self._began if k not in self._ended if (c := conditions(self.rows[k].metrics)) is not None]
         return progress_line(self.spec, row, list(self.rows.values()), time.monotonic() - self.t0,
-                             Costs(ended, running, slow, skipped, group_s, restarts, self.state.space_left))
+                             Costs(ended, running, slow, skipped, group_s, restarts, self.state.space_left,
+                                   any(shared) if shared else None))
 
     def _restarts(self) -> tuple[float, float]:
         """(what a warm group's start cost on this cluster, the restarts the trials to come are expected to

@@ -32,6 +32,7 @@ from sweeps.service.progress import TERMINAL, overhead_line, planned_cost
 from sweeps.service.resources import DRIVER_RESOURCES, concurrency_note
 from sweeps.service.state import SweepState, experiment_dir, resume_command
 from sweeps.service.trial import run_trial
+from sweeps.service.waits import PoolStarts, RayCluster, WaitWatcher, free_for_sweep
 from sweeps.spec import SweepSpec
 from sweeps.tracking import SweepTracker
 from trainables.contract import SWEEP_USD
@@ -55,6 +56,7 @@ class SweepController:
         self.token = saved.token if saved is not None else uuid.uuid4().hex  # names the sweep's actors
         self.exp_dir = experiment_dir(spec)
         self.pool: WarmPool | None = None
+        self.waits: WaitWatcher | None = None  # what the sweep waits for while other work holds its resources
         self.parent = saved.parent_run_id if saved is not None else ""
         self.probe_tags: dict[str, str] = {}
         self.probe_s = 0.0
@@ -77,6 +79,8 @@ class SweepController:
         trials_dir = str(self.exp_dir / "trials")
         if self.spec.scaling.reuse_workers:
             self.pool = WarmPool(self.spec, trials_dir, self.token, workdir)
+        self.waits = WaitWatcher(self.spec, self.echo, RayCluster(),
+                                 PoolStarts(self.pool.queue) if self.pool is not None else None).start()
         trainable = tune.with_resources(
             tune.with_parameters(run_trial, spec=self.spec, storage_path=trials_dir,
                                  pool=self.pool.queue if self.pool is not None else None, workdir=workdir),
@@ -107,6 +111,7 @@ class SweepController:
         """Tune's tuner: restored (the same parent and child runs, the searcher's state, finished trials), or
         new with the sweep's parent run, searcher, scheduler, stopper and callback."""
         callback.queue = self.pool.queue if self.pool is not None else None
+        callback.waits = self.waits
         callback.trials_dir = str(self.exp_dir / "trials")
         spec = self.spec
         if self.saved is not None:
@@ -122,7 +127,7 @@ class SweepController:
         self.state.write(self.exp_dir)
         if prices is not None:  # beside the spec: `sweeps report` reads them back from any directory
             self.tracker.client.log_dict(self.parent, prices, "prices.json")
-        self.echo(concurrency_note(spec, cluster))
+        self.echo(concurrency_note(spec, cluster, free_for_sweep(self.waits.cluster) if self.waits is not None else None))
         self.echo(f"sweep {spec.name}: {spec.budget.num_trials} trials, objective {spec.objective.describe()}; "
                   f"MLflow parent run {self.parent} at {self.tracker.uri}")
         return tune.Tuner(
@@ -140,7 +145,8 @@ class SweepController:
         """The memory probe, then Tune's run; whatever happens, the conclusion and the overhead line."""
         ok = hurried = False
         try:
-            if self.pool is not None and self.spec.search.probe_batch_size:  # before the search: bounds it
+            waited_out = self.waits is not None and self.waits.over  # budget.max_queue_s: Tune's first step halts
+            if self.pool is not None and self.spec.search.probe_batch_size and not waited_out:  # before the search
                 from sweeps.service.probe import probe_frontier
 
                 probe_t0 = time.monotonic()
@@ -154,16 +160,18 @@ class SweepController:
         finally:
             wall = time.monotonic() - self.t0
             groups = None
+            waited = self.waits.stop() if self.waits is not None else 0.0
             try:
                 for trial_id in callback.unfinished():  # an interrupted attempt held its devices too
                     callback.charge(trial_id)
                 if self.pool is not None:  # waited for: what its groups held is priced to their end
-                    groups = self.pool.join(timeout_s=10.0 if hurried else 30.0)
+                    stopped = hurried or (self.waits is not None and bool(self.waits.over))  # halted for its wait: stop groups sooner
+                    groups = self.pool.join(timeout_s=10.0 if stopped else 30.0)
                 outcome = self._conclude(callback, ok, wall, report=not hurried)
             finally:
                 this_run = [r for r in callback.rows.values() if r.trial_id in callback.started()]
                 if not hurried:  # its groups were not waited for: no count to give
-                    self.echo(overhead_line(this_run, wall, groups, self.probe_s))
+                    self.echo(overhead_line(this_run, wall, groups, self.probe_s, waited))
                 TERMINAL.close()  # the live status line gives way to the final output
         return outcome
 
@@ -196,12 +204,19 @@ class SweepController:
             self.echo(f"WARNING: could not save what this run held in {self.exp_dir} ({exc.strerror or exc})")
 
     def _first_group_s(self, timeout_s: float = 120.0) -> float | None:
-        """What the pool's first warm group took to start (waiting for it, at most `timeout_s`: an autoscaling
-        cluster may still be adding its nodes); None without a pool or in time."""
+        """What the pool's first warm group took to start, less what it waited for resources other work held
+        (waiting for it, at most `timeout_s` beyond such a wait, and no longer than budget.max_queue_s allows);
+        None without a pool or in time."""
         if self.pool is None:
             return None
-        starts = ray.get(self.pool.queue.wait_started.remote(timeout_s))
-        return float(starts[0][1]) if starts else None
+        t0 = time.monotonic()
+        while not (self.waits is not None and self.waits.over):
+            starts = ray.get(self.pool.queue.wait_started.remote(2.0))
+            if starts:
+                return float(starts[0][1])
+            if time.monotonic() - t0 > timeout_s + (self.waits.waited_s if self.waits is not None else 0.0):
+                break
+        return None
 
     def _conclude(self, callback: SweepCallback, ok: bool, wall: float, report: bool = True) -> SweepOutcome:
         """The trials are over (or the sweep was stopped): settle the unfinished ones, write the sweep-level

@@ -65,9 +65,11 @@ class Queue:
         self._waited: set[str] = set()  # trials submitted while no group that takes them was waiting
         self._ended: dict[str, float] = {}  # trial -> when its group posted its final report
         self._starting: dict[int, tuple[float, Shape, str]] = {}  # slot -> (since, shape, why) of a group starting
-        self._starts: list[tuple[Shape, float, str]] = []  # each group's (shape, seconds to its first take, why)
+        self._starts: list[tuple[Shape, float, str]] = []  # each group's (shape, seconds to its first take less its wait, why)
+        self._waits: dict[int, float] = {}  # slot -> seconds its starting group waited for resources (`group_waited`)
         self._lives: list[tuple[Shape, float, float | None]] = []  # each group's (shape, asked for, ended or None)
         self._living: dict[int, int] = {}  # slot -> its group's index in _lives
+        self._unheld: dict[int, float] = {}  # a group's index in _lives -> seconds it waited, holding nothing
         self._closed = False
 
     # -- the Tune trial's side ---------------------------------------------------------------
@@ -108,8 +110,25 @@ class Queue:
         that failed); its start ends when the group first asks for a trial."""
         with self._cv:
             self._starting[slot] = (time.time(), shape, why)
+            self._waits.pop(slot, None)
             self._living[slot] = len(self._lives)
             self._lives.append((shape, time.time(), None))
+
+    def starting(self) -> dict[int, tuple[float, int]]:
+        """The groups starting now: slot -> (when it began to start, its ranks)."""
+        with self._cv:
+            return {slot: (since, shape[0]) for slot, (since, shape, _) in self._starting.items()}
+
+    def group_waited(self, slot: int, seconds: float) -> None:
+        """The slot's starting group waited `seconds` more for resources that other work held (its placement
+        group pending: `sweeps.service.waits`): that much of its start is waiting, not starting, and it held
+        nothing meanwhile."""
+        with self._cv:
+            if slot in self._starting:
+                self._waits[slot] = self._waits.get(slot, 0.0) + seconds
+                life = self._living.get(slot)
+                if life is not None:
+                    self._unheld[life] = self._unheld.get(life, 0.0) + seconds
 
     def group_ended(self, slot: int) -> None:
         """A slot's group ended (its Train run returned or failed, its workers released)."""
@@ -120,14 +139,17 @@ class Queue:
                 self._lives[i] = (shape, began, time.time())
 
     def group_lives(self) -> list[tuple[Shape, float, bool]]:
-        """What each group held: (its shape, seconds from asking for its devices to its end or now, whether
-        it has ended). A group's devices are the sweep's for all that time, between trials too."""
+        """What each group held: (its shape, seconds from asking for its devices to its end or now, less what
+        it waited for them while other work held them, whether it has ended). A group's devices are the sweep's
+        for all that time, between trials too."""
         with self._cv:
             now = time.time()
-            return [(shape, (end or now) - began, end is not None) for shape, began, end in self._lives]
+            return [(shape, max(0.0, (end or now) - began - self._unheld.get(i, 0.0)), end is not None)
+                    for i, (shape, began, end) in enumerate(self._lives)]
 
     def group_starts(self) -> list[tuple[Shape, float, str]]:
-        """Each group started so far: (its shape, the seconds until it first asked for a trial, why)."""
+        """Each group started so far: (its shape, the seconds until it first asked for a trial less those it
+        waited for resources, why)."""
         with self._cv:
             return list(self._starts)
 
@@ -143,7 +165,7 @@ class Queue:
         with self._cv:
             if slot in self._starting:  # the group's ranks are up: its start-up ends here
                 since, started, why = self._starting.pop(slot)
-                self._starts.append((started, time.time() - since, why))
+                self._starts.append((started, max(0.0, time.time() - since - self._waits.pop(slot, 0.0)), why))
                 self._cv.notify_all()
             self._resizing.pop(slot, None)
             self._idle[slot] = shape

@@ -8,6 +8,7 @@ when stdout is not a terminal nothing but the event lines is written.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import statistics
@@ -16,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from sweeps.results.contention import contended, measured_contention
 from sweeps.results.money import planned_usd
 from sweeps.results.outcome import MEASURED, NOT_FAILED, UNFINISHED, TrialRow, at_word
 from sweeps.search.plan import SIZE, SizeRuns, planned_trials, size_changes
@@ -36,9 +38,10 @@ class Status:
     failed: int
     best: str  # "throughput/samples_per_s=510.9 (trial 4)", or "" before any trial finished
     elapsed_s: float
-    eta_s: float  # nan before the first trial ends
+    eta_s: float  # nan before the first trial ends; the low end of a range
     at: float
     skipped: int = 0  # grid points that will never run (out of memory bounds): done + skipped reaches total
+    eta_hi_s: float | None = None  # the high end of a range (inf: open), None for one figure (`eta_range`)
 
     @property
     def over(self) -> bool:
@@ -47,11 +50,25 @@ class Status:
     def text(self, now: float | None = None) -> str:
         """The status, with elapsed and ETA moved on to `now`."""
         waited = max(0.0, (now if now is not None else self.at) - self.at)
-        eta = f"{max(0.0, self.eta_s - waited):.0f}s" if math.isfinite(self.eta_s) else "?"
+        eta = self._eta(waited)
         best = f" | best {self.best}" if self.best else ""
         skipped = f" ({self.skipped} skipped: out of memory bounds)" if self.skipped else ""
         return (f"done {self.done}/{self.total}{skipped}, running {self.running}, failed {self.failed}{best} | "
                 f"elapsed {self.elapsed_s + waited:.0f}s, ETA {eta}")
+
+    def _eta(self, waited: float) -> str:
+        """"70s", a range "40-95s", or an open one: "40s or more", "up to 95s"."""
+        if not math.isfinite(self.eta_s):
+            return "?"
+        low, high = max(0.0, self.eta_s - waited), self.eta_hi_s
+        if high is None:
+            return f"{low:.0f}s"
+        if math.isinf(high):
+            return f"{low:.0f}s or more"
+        high = max(0.0, high - waited)
+        if round(high) <= round(low):
+            return f"{low:.0f}s"
+        return f"up to {high:.0f}s" if round(low) == 0 else f"{low:.0f}-{high:.0f}s"
 
 
 class ProgressLine(str):
@@ -126,7 +143,9 @@ class TrialCost:
     what no later trial pays again: the data files it made for the node (`time/data_prep_s`). `fresh`: True
     when it was its warm group's first trial, so it also paid the process's first use of the device and
     libraries; False when an earlier trial had warmed its group; None when unknown (a cold trial, whose every
-    process is new; a trial that ended without a final report, which carries the fact)."""
+    process is new; a trial that ended without a final report, which carries the fact). `contended`: whether
+    other work shared its node or GPUs while it was measured (`sweeps.results.contention`); None when not
+    measured."""
 
     precision: str
     cost_s: float
@@ -134,6 +153,7 @@ class TrialCost:
     warmup_steps_s: float = 0.0
     data_prep_s: float = 0.0
     fresh: bool | None = None
+    contended: bool | None = None
 
     def again_s(self, data_shared: bool) -> float:
         """What a trial like it would cost next: less the data it made, where the trials to come read the
@@ -147,12 +167,17 @@ class TrialCost:
             return float(v) if isinstance(v := metrics.get(key), (int, float)) else 0.0
         place = metrics.get(TRIAL_IN_GROUP)
         return cls(precision, cost_s, seconds(WINDOW_S), seconds(WARMUP_STEPS_S), seconds(DATA_PREP_S),
-                   fresh=None if place is None else str(place) == "1")
+                   fresh=None if place is None else str(place) == "1", contended=conditions(metrics))
 
     def boxed_s(self, warmup_boxed: bool) -> float:
         """The seconds the boxes bound: the window, and warm-up's timed steps where `max_warmup_s` is on
         (an unboxed warm-up is the trial's own cost)."""
         return self.window_s + (self.warmup_steps_s if warmup_boxed else 0.0)
+
+
+def conditions(metrics: dict[str, Any]) -> bool | None:
+    """Whether other work shared the trial's node or GPUs while it was measured; None when not measured."""
+    return True if contended(metrics) else False if measured_contention(metrics) else None
 
 
 @dataclass(frozen=True)
@@ -171,6 +196,8 @@ class Costs:
     group_start_s: float = 0.0
     restarts: float = 0.0
     space_left: int | None = None  # configurations the search has yet to hand out (a finite space that stops)
+    # whether other work shares the running trials' nodes now, from their latest reports (None: not known)
+    now_contended: bool | None = None
 
 
 def upcoming(spec: SweepSpec, rows: list[TrialRow], skipped: list[str] | None = None) -> list[str | None]:
@@ -252,6 +279,26 @@ def remaining_s(spec: SweepSpec, rows: list[TrialRow], costs: Costs) -> float:
     return max(max(left, default=0.0), (waiting + sum(left)) / spec.budget.max_concurrent_trials)
 
 
+def eta_range(spec: SweepSpec, rows: list[TrialRow], costs: Costs) -> tuple[float, float | None]:
+    """The ETA (`remaining_s`) priced by trials measured under the conditions the sweep runs in: (seconds, None)
+    while every ended trial was measured alike. Once contention changed during the sweep (some ended trials were
+    measured while other work shared their node, others alone: `TrialCost.contended`), the range between what
+    is left at the lone trials' prices and at the shared ones'. Where the running trials report other
+    conditions than every ended trial had (`Costs.now_contended`), an open end: (seconds, inf) when the node is
+    shared now and was not, (0, seconds) the other way round."""
+    eta = remaining_s(spec, rows, costs)
+    alone = [c for c in costs.ended if c.contended is False]
+    shared = [c for c in costs.ended if c.contended]
+    if alone and shared:
+        at = sorted(remaining_s(spec, rows, dataclasses.replace(costs, ended=e)) for e in (alone, shared))
+        return at[0], at[1]
+    if alone and costs.now_contended:
+        return eta, math.inf
+    if shared and costs.now_contended is False:
+        return 0.0, eta
+    return eta, None
+
+
 def sweep_status(spec: SweepSpec, rows: list[TrialRow], elapsed: float, costs: Costs | None = None) -> Status:
     """`costs`: what the ended and running trials cost (`remaining_s`). Without any (a resumed sweep's
     earlier trials), the mean time per ended trial stands in."""
@@ -265,11 +312,13 @@ def sweep_status(spec: SweepSpec, rows: list[TrialRow], elapsed: float, costs: C
         b = (max if mode == "max" else min)(ranked, key=lambda r: r.metrics[metric])
         best = f"{metric}={b.metrics[metric]:.4g} (trial {b.number})"
     skipped = len(costs.skipped) if costs is not None else 0
+    high = None
     if costs is not None and costs.ended:
-        eta = remaining_s(spec, rows, costs)
+        eta, high = eta_range(spec, rows, costs)
     else:
         eta = elapsed / len(done) * max(0, total - len(done) - skipped) if done else math.nan
-    return Status(len(done), total, len(rows) - len(done), len(failed), best, elapsed, eta, time.monotonic(), skipped)
+    return Status(len(done), total, len(rows) - len(done), len(failed), best, elapsed, eta, time.monotonic(), skipped,
+                  high)
 
 
 def progress_line(spec: SweepSpec, row: TrialRow, rows: list[TrialRow], elapsed: float,
@@ -352,27 +401,31 @@ def groups_said(starts: list[tuple[Any, float, str]], trials: int) -> str:
 
 
 def overhead_line(rows: list[TrialRow], wall_s: float, groups: list[tuple[Any, float, str]] | None,
-                  probe_s: float = 0.0) -> str:
+                  probe_s: float = 0.0, waited_s: float = 0.0) -> str:
     """Where the sweep's wall time went: the memory probe, the trials' own loops (warm-up with any
-    compilation, the measured windows, validation and the rest) and what is left, the service's own
-    cost (scheduling, worker start-up, tracking), per trial that ran. A trial that failed before its
-    final report has no loop time: its time falls in the service's share, and the line says so.
-    `groups`: each warm group started (shape, seconds to start, why), None without warm groups."""
+    compilation, the measured windows, validation and the rest), waiting for resources other work held
+    (`waited_s`: `sweeps.service.waits`), and what is left, the service's own cost (scheduling, worker
+    start-up, tracking), per trial that ran. A trial that failed before its final report has no loop time:
+    its time falls in the service's share, and the line says so. `groups`: each warm group started (shape,
+    seconds to start less its wait, why), None without warm groups."""
     mode = groups_said(groups, len(rows)) if groups is not None else "one Ray Train run per trial"
     ended = [r for r in rows if isinstance(r.metrics.get(LOOP_S), (int, float))]
     if not ended:
-        return f"{mode}; no trial ran its loop to the end, so no overhead figure"
+        waits = f" (it waited {waited_s:.1f} s for resources other work held)" if waited_s >= 0.05 else ""
+        return f"{mode}; no trial ran its loop to the end, so no overhead figure{waits}"
     loops, warm, window = _total(ended, LOOP_S), _total(ended, WARMUP_S), _total(ended, WINDOW_S)
-    service = wall_s - probe_s - loops
+    service = wall_s - probe_s - loops - waited_s
     probe = f"memory probe {probe_s:.1f} s + " if probe_s else ""
+    waits = f" + waiting {waited_s:.1f} s for resources other work held" if waited_s >= 0.05 else ""
     made = _total(ended, DATA_PREP_S)  # data files written once for the node, inside warm-up's build
     of_it = f", of it {made:.1f} s making data" if made >= 0.05 else ""
     inside = (f" (warm-up incl. compile {warm:.1f} s{of_it}, measured {window:.1f} s, validation and the rest "
               f"{loops - warm - window:.1f} s)" if warm and window else "")
     if service < 0:  # trials ran side by side: their loops add up to more than the wall time
-        return (f"{mode}; sweep wall {wall_s:.1f} s, {probe}trial loops {loops:.1f} s in all{inside}: the trials "
-                "overlapped, so the service's own cost cannot be told apart")
+        waits = f", waiting {waited_s:.1f} s for resources other work held" if waits else ""
+        return (f"{mode}; sweep wall {wall_s:.1f} s, {probe}trial loops {loops:.1f} s in all{inside}{waits}: the "
+                f"trials {'and waits ' if waits else ''}overlapped, so the service's own cost cannot be told apart")
     unknown = len(rows) - len(ended)
     note = (f"; {unknown} trial(s) without a final report count in the service's share" if unknown else "")
-    return (f"{mode}; sweep wall {wall_s:.1f} s = {probe}trial loops {loops:.1f} s{inside} + the service's own "
-            f"{service:.1f} s, {service / len(rows):.1f} s per trial{note}")
+    return (f"{mode}; sweep wall {wall_s:.1f} s = {probe}trial loops {loops:.1f} s{inside}{waits} + the service's "
+            f"own {service:.1f} s, {service / len(rows):.1f} s per trial{note}")

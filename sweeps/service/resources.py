@@ -20,19 +20,29 @@ from sweeps.spec import SpecError, SpecProblem, SweepSpec
 DRIVER_RESOURCES = tune.PlacementGroupFactory([{"CPU": 0, "memory": 1, HEAD_NODE_RESOURCE_NAME: 0.001}])
 
 
-def concurrency_note(spec: SweepSpec, resources: dict[str, float]) -> str:
-    """How many trials fit the cluster at once (all workers of a trial start together)."""
+def concurrency_note(spec: SweepSpec, resources: dict[str, float], free: dict[str, float] | None = None) -> str:
+    """How many trials fit the cluster at once (all workers of a trial start together) and, given what other work
+    leaves `free` now (`sweeps.service.waits.free_for_sweep`), how many fit in that."""
     need = per_trial(spec)
     fits = min(int(resources.get(k, 0) // v) for k, v in need.items() if v > 0)
     asked = spec.budget.max_concurrent_trials
     loaders = max_loader_workers(spec)
     also = f", with {loaders} loader worker(s) per rank" if loaders and spec.scaling.cpus_per_loader_worker else ""
-    note = (f"cluster fits {fits} trial(s) at once ({need['CPU']:g} CPU, {need['GPU']:g} GPU each at most{also}); "
-            f"running {asked}")
+    note = f"cluster fits {fits} trial(s) at once ({need['CPU']:g} CPU, {need['GPU']:g} GPU each at most{also})"
+    now = fits
+    if free is not None:
+        now = min(int(free.get(k, 0) // v) for k, v in need.items() if v > 0)
+        held = ", ".join(f"{free.get(k, 0):g} of {resources.get(k, 0):g} {k}" for k, v in need.items() if v > 0)
+        note += f"; {now} fit in what is free now ({held} free)"
+    note += f"; running {asked}"
     if fits == 0:
         return note + " — WARNING: not even one trial fits now; trials wait for the autoscaler or fail"
     if asked > fits:
         return note + f" — WARNING: only {fits} fit, the rest wait; set budget.max_concurrent_trials: {fits}"
+    if now < asked:
+        which = "its trials wait" if now == 0 else f"{asked - now} of its trials wait"
+        return note + (f" — other work holds the rest: {which} until it is released (a warm group is held until its "
+                       "sweep ends; budget.max_queue_s bounds the wait)")
     return note
 
 

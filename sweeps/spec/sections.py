@@ -122,6 +122,10 @@ class BudgetSpec(BaseModel):
                                         "(0: none); a trial whose worker or node died resumes from the last one")
     time_budget_s: float | None = Field(default=None, gt=0, description="wall-clock limit for the whole sweep: "
                                         "no trial starts after it, running ones are stopped")
+    max_queue_s: float | None = Field(default=None, gt=0, description="longest the sweep waits at once for resources "
+                                      "that other work holds (a worker group whose CPUs or GPUs other jobs hold, "
+                                      "or an autoscaler has yet to add); past it the sweep stops, resumable (exit "
+                                      "4), and says what it waited for. Default: it waits as long as it takes")
 
     @model_validator(mode="after")
     def _one_length(self) -> BudgetSpec:
