@@ -248,7 +248,7 @@ def test_dollars_to_the_target_is_a_to_target_objective() -> None:
     assert (status, missing) == ("infeasible", []) and "did not reach" in reason  # not a config error: no STOP
     for bad, said in (("objective: {metric: cost/usd_to_target}", "cost/usd_to_target needs a target"),
                       ("objective: {metric: cost/usd_to_target, mode: max, target: {metric: loss/val, max: 0.2}}",
-                       "cost/usd_to_target is a price to reach the target: mode must be min")):
+                       "cost/usd_to_target is a price: mode must be min")):
         with pytest.raises(SpecError, match=said):
             parse_spec(ttt + bad + "\n")
 

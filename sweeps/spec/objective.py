@@ -129,8 +129,8 @@ class ObjectiveSpec(BaseModel):
             if metric in TO_TARGET_METRICS and self.target is None:
                 raise ValueError(f"{metric} needs a target: add target: {{metric: loss/val, max: <value>}}")
             if metric in TO_TARGET_METRICS and mode != "min":
-                raise ValueError(f"{metric} is {'a time' if metric.startswith('time/') else 'a price'} to reach "
-                                 "the target: mode must be min")
+                raise ValueError(f"{metric} is {'a time' if metric.startswith('time/') else 'a price'}: mode must "
+                                 "be min")
         return self
 
     @property
