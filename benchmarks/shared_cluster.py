@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -123,6 +124,7 @@ def main() -> None:
     work = tmp / "work"
     work.mkdir()
     token = tmp / "token"
+    token.write_text(secrets.token_hex(32))  # the head's token-auth token (Ray 2.60 turns it on), ours alone
     gcs, dash, mlf, *rest = _ports(12)
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "PYTHONPATH": str(REPO),
            "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
