@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import optuna
 from common import record, summary, table
 
+from sweeps.search.live_state import SearchState, running
 from sweeps.search.searcher import SweepSearch, make_searcher
-from sweeps.search.state import SearchState, running
 from sweeps.spec import parse_spec
 from trainables.contract import FINAL
 

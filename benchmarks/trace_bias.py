@@ -5,7 +5,7 @@ alternating in the same processes, as a warm worker group serves trial after tri
 trial after trial in the same processes: first one trial left out (the processes' first pays their imports
 and caches), then `--pairs` pairs of the same trial, one traced (`trace_steps=2`, split and discarded as a
 sweep's are) and one not, the order alternated pair by pair so that drift falls on both. Between trials the
-processes reset as a warm group does (`trainables.pool_worker.reset_between_trials`). No traced step is ever
+processes reset as a warm group does (`trainables.train_functions.reset_between_trials`). No traced step is ever
 measured: what the ratio shows is what a trace leaves behind for the window after it, and noise.
 
 - per pair, `ratio` = the traced trial's throughput / the untraced one's (`throughput/<unit>_per_s`, all ranks);
@@ -38,8 +38,8 @@ def child() -> None:
     from trainables import contract
     from trainables.contract import TrialConfig
     from trainables.loop import train
-    from trainables.pool_worker import reset_between_trials
     from trainables.reporting import ListReporter
+    from trainables.train_functions import reset_between_trials
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:

@@ -12,7 +12,7 @@ import time
 import traceback
 from typing import Any
 
-from sweeps.errors import ExitCode, SweepsError
+from sweeps.exits import ExitCode, SweepsError
 from sweeps.spec import SpecError, load_spec
 
 EXIT_UNFINISHED = ExitCode.RESUMABLE  # the name tests and scripts import
@@ -37,7 +37,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from sweeps.service.runner import run_sweep
-    from sweeps.service.state import load_for_resume, resume_command
+    from sweeps.service.saved_state import load_for_resume, resume_command
 
     if args.command == "resume":
         spec, text = load_for_resume(args.storage_path, args.name)
@@ -72,7 +72,7 @@ def _print_outcome(outcome: Any, title: str) -> None:
         pareto_table,
         trials_table,
     )
-    from sweeps.service.state import resume_command
+    from sweeps.service.saved_state import resume_command
     from sweeps.tracking import experiment_of, ui_links
 
     spec = outcome.spec
@@ -102,7 +102,7 @@ def _report(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from sweeps.errors import InputError
+    from sweeps.exits import InputError
     from sweeps.results.report import load_outcome, to_json
     from sweeps.store import open_store
 
@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _guarded(args: argparse.Namespace) -> int:
-    """Run the command; every failure ends in one line on stderr and its exit code (`sweeps.errors`)."""
+    """Run the command; every failure ends in one line on stderr and its exit code (`sweeps.exits`)."""
     from sweeps.service.connect import sigterm_as_sigint
 
     try:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from sweeps.errors import StoreUnusable
+from sweeps.exits import StoreUnusable
 
 logger = logging.getLogger(__name__)
 

@@ -90,7 +90,7 @@ class SweepTracker:
         while self.pending:
             method, args = self.pending[0]
             try:
-                getattr(self, method)(*args)
+                getattr(self, f"_{method}")(*args)
             except Exception as exc:  # noqa: BLE001 - any store failure: keep the call, retry later
                 if not self.degraded_reason:
                     logger.warning("MLflow tracking failed (%s); buffering results and retrying", exc)
@@ -109,18 +109,23 @@ class SweepTracker:
                 f.write(json.dumps({"method": method, "args": args}, default=str) + "\n")
         return self.pending_path
 
-    # The per-trial calls the sweep makes; each is buffered when the store fails.
-    def trial_started(self, trial_id: str, number: int, params: dict[str, Any]) -> None:
+    # The per-trial actions, one verb each. Each is buffered when the store fails (`_do`) and carried out by
+    # its private twin (`_start_trial` for `start_trial`, ...), which talks to MLflow directly.
+    def start_trial(self, trial_id: str, number: int, params: dict[str, Any]) -> None:
+        """Open the trial's child run (or reopen it, for a resumed trial) and log its params."""
         self._do("start_trial", trial_id, number, params)
 
-    def trial_result(self, trial_id: str, result: dict[str, Any], step: int) -> None:
+    def log_result(self, trial_id: str, result: dict[str, Any], step: int) -> None:
+        """Log a report's metrics (numbers) and facts (text, as tags) at `step`; other entries are dropped."""
         clean = {k: v for k, v in result.items() if is_metric(k, v) or (isinstance(v, str) and METRIC_KEY.match(k))}
         self._do("log_result", trial_id, clean, step)
 
-    def trial_ended(self, trial_id: str, ok: bool, kind: str, reason: str, tags: dict[str, str]) -> None:
-        self._do("end_trial", trial_id, ok, kind, reason, tags)
+    def end_trial(self, trial_id: str, ok: bool, kind: str = "ok", reason: str = "",
+                  tags: dict[str, str] | None = None) -> None:
+        """Close the trial's run with its status, reason and tags."""
+        self._do("end_trial", trial_id, ok, kind, reason, tags or {})
 
-    def trial_files(self, trial_id: str, folder: str, artifact_path: str) -> None:
+    def log_files(self, trial_id: str, folder: str, artifact_path: str) -> None:
         """Log a folder's files as the trial run's artifacts under `artifact_path` (e.g. its ranks' traces)."""
         self._do("log_files", trial_id, folder, artifact_path)
 
@@ -176,7 +181,7 @@ class SweepTracker:
                 self._children[trial_id] = child.info.run_id
         return children
 
-    def start_trial(self, trial_id: str, number: int, params: dict[str, Any]) -> str:
+    def _start_trial(self, trial_id: str, number: int, params: dict[str, Any]) -> str:
         assert self.parent_id is not None, "start_sweep() first"
         run_id = self._children.get(trial_id)
         if run_id is None:
@@ -198,7 +203,7 @@ class SweepTracker:
     def run_id(self, trial_id: str) -> str | None:
         return self._children.get(trial_id)
 
-    def log_result(self, trial_id: str, result: dict[str, Any], step: int) -> None:
+    def _log_result(self, trial_id: str, result: dict[str, Any], step: int) -> None:
         run_id = self._children[trial_id]
         now = int(time.time() * 1000)
         metrics = [Metric(k, float(v), now, step) for k, v in result.items() if is_metric(k, v)]
@@ -207,11 +212,12 @@ class SweepTracker:
         if metrics or tags:
             self.client.log_batch(run_id, metrics=metrics, tags=tags)
 
-    def log_files(self, trial_id: str, folder: str, artifact_path: str) -> None:
+    def _log_files(self, trial_id: str, folder: str, artifact_path: str) -> None:
         if Path(folder).is_dir():  # gone (a re-run call after the sweep cleaned up): nothing left to log
             self.client.log_artifacts(self._children[trial_id], folder, artifact_path)
 
-    def end_trial(self, trial_id: str, ok: bool, kind: str = "ok", reason: str = "", tags: dict[str, str] | None = None) -> None:
+    def _end_trial(self, trial_id: str, ok: bool, kind: str = "ok", reason: str = "",
+                   tags: dict[str, str] | None = None) -> None:
         run_id = self._children[trial_id]
         for key, value in (tags or {}).items():
             self.client.set_tag(run_id, key, value[:_MAX_PARAM_LEN])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
-from sweeps.search.state import SearchState
+from sweeps.search.live_state import SearchState
 from sweeps.service.callback import SweepCallback, live
 from sweeps.spec import parse_spec
 from sweeps.tracking import SweepTracker

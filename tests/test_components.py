@@ -2,7 +2,7 @@
 (`length.py`), the measured window (`window.py`), the checkpointer (`checkpoint.py`), the evaluator
 (`evaluate.py`), the data loader (`loader.py`) and the build (`build.py`); and two of the service's:
 the circuit breaker's streak (`sweeps.service.breaker`) and the sweep's saved state
-(`sweeps.service.state`). Their behaviour inside the loop is pinned by tests/test_loop_spine.py."""
+(`sweeps.service.saved_state`). Their behaviour inside the loop is pinned by tests/test_loop_spine.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 
 from trainables import contract
 from trainables.contract import TrialConfig
-from trainables.errors import WorkloadError
+from trainables.loop_errors import WorkloadError
 
 CPU = torch.device("cpu")
 
@@ -130,7 +130,7 @@ def test_the_breakers_streak_counts_the_same_failure_in_a_row() -> None:
 
 
 def test_the_saved_state_round_trips_and_a_second_holder_of_the_lock_is_refused(tmp_path: Path) -> None:
-    from sweeps.service.state import STATE_FILE, SweepLocked, SweepState, same_spec, sweep_lock
+    from sweeps.service.saved_state import STATE_FILE, SweepLocked, SweepState, same_spec, sweep_lock
     from sweeps.spec import parse_spec
 
     text = f"name: s\ntrainable: {{name: mlp-tabular}}\nbudget: {{num_trials: 1, num_steps: 2}}\nstorage_path: {tmp_path}\n"

@@ -86,7 +86,7 @@ def test_metrics_table_is_the_contract() -> None:
 
 
 def test_failure_kinds_and_exit_codes_are_documented() -> None:
-    from sweeps.errors import EXIT_CODES, ExitCode
+    from sweeps.exits import EXIT_CODES, ExitCode
     from sweeps.service.failures import KINDS
 
     page = docs.exit_codes_page()

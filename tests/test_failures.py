@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from sweeps.service.failures import TrialFailure, classify, failure_of, signature
-from trainables.errors import DivergedError, UnsupportedError
+from trainables.loop_errors import DivergedError, UnsupportedError
 
 
 class OutOfMemoryError(RuntimeError):  # stands in for torch.OutOfMemoryError (matched by name)

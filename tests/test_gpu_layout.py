@@ -7,7 +7,7 @@ import pytest
 
 from sweeps.results.verdict import verdict
 from sweeps.spec import SpecError, parse_spec
-from trainables.flops import cluster_peak, peak_flops
+from trainables.peak_flops import cluster_peak, peak_flops
 
 BASE = "name: t\ntrainable: {name: mlp-tabular}\nbudget: {num_trials: 2, num_steps: 5}\n"
 

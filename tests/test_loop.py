@@ -16,8 +16,8 @@ import torch
 
 from trainables import contract
 from trainables.contract import TrialConfig
-from trainables.errors import UnsupportedError, WorkloadError
 from trainables.loop import train
+from trainables.loop_errors import UnsupportedError, WorkloadError
 from trainables.precision import resolve_precision
 from trainables.reporting import ListReporter
 
@@ -122,7 +122,7 @@ def test_under_torchrun_no_ranks_clock_counts_rank_0_handing_on_a_checkpoint(tmp
 
 
 def test_divergence_is_detected_and_never_reported_as_a_number(data_dir: Path) -> None:
-    from trainables.errors import DivergedError
+    from trainables.loop_errors import DivergedError
 
     rep = ListReporter()
     with pytest.raises(DivergedError, match="training loss became (nan|inf)"):

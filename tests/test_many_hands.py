@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from sweeps.errors import ExitCode
+from sweeps.exits import ExitCode
 from tests.test_store import read_only
 
 pytestmark = pytest.mark.ray

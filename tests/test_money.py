@@ -317,7 +317,7 @@ def test_a_sweep_over_two_labelled_node_types_runs_each_trial_on_its_type_and_na
 
 
 def test_the_memory_probe_measures_each_type_on_its_own() -> None:
-    from sweeps.search.state import SearchState, oom_label
+    from sweeps.search.live_state import SearchState, oom_label
     from sweeps.service.probe import memory_settings
 
     spec = parse_spec(SPEC.replace("search: {algorithm: grid}", "search: {algorithm: grid, probe_batch_size: true}"))

@@ -8,7 +8,7 @@ import threading
 import torch
 
 from sweeps.service.pool import Queue
-from trainables.errors import WorkloadError
+from trainables.loop_errors import WorkloadError
 
 
 def _ranks_done(q: Queue, outcomes: list[tuple[BaseException | None, bool, str]]) -> list[bool]:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from trainables.errors import UnsupportedError
+from trainables.loop_errors import UnsupportedError
 from trainables.precision import resolve_precision
 
 CUDA = torch.device("cuda", 0)

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from mlflow.tracking import MlflowClient
 
+from sweeps.search.live_state import SearchState, running
 from sweeps.search.searcher import SweepSearch, make_searcher
-from sweeps.search.state import SearchState, running
 from sweeps.service import probe
 from sweeps.service.probe import batch_candidates, probe_frontier
 from sweeps.service.runner import run_sweep

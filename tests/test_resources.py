@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sweeps.search.trials import per_trial, resolve_trial, trial_params
+from sweeps.search.trials import largest_trial_need, resolve_trial, trial_params
 from sweeps.service.resources import concurrency_note, refuse_if_never_fits
 from sweeps.service.trial import make_trainer
 from sweeps.spec import SpecError, parse_spec
@@ -22,7 +22,7 @@ SPEC = ("name: t\ntrainable: {name: mlp-tabular}\nbudget: {num_trials: 2, num_st
 
 def test_a_trial_reserves_its_loader_workers_and_the_checks_use_the_largest() -> None:
     spec = parse_spec(SPEC + "scaling: {num_workers: 2, cpus_per_worker: 1}\n")
-    assert per_trial(spec) == {"CPU": 2 * (1 + 2 * 1.0), "GPU": 0.0}
+    assert largest_trial_need(spec) == {"CPU": 2 * (1 + 2 * 1.0), "GPU": 0.0}
     with pytest.raises(SpecError, match=r"the largest trial needs num_workers x \(cpus_per_worker \+ num_dataloader_workers "
                                         r"x cpus_per_loader_worker\) = 2 x \(1 \+ 2 x 1\) = 6 CPUs but this cluster has 4"):
         refuse_if_never_fits(spec, {"CPU": 4.0})

@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 from sweeps.cli import EXIT_UNFINISHED, main
 from sweeps.results.outcome import TrialRow, end_status
 from sweeps.service.runner import run_sweep
-from sweeps.service.state import STATE_FILE, SweepExists, SweepState, spec_digest, why_ended
+from sweeps.service.saved_state import STATE_FILE, SweepExists, SweepState, spec_digest, why_ended
 from sweeps.spec import parse_spec
 
 REPO = Path(__file__).resolve().parents[1]

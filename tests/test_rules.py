@@ -1,4 +1,4 @@
-"""The verdict rules table (`sweeps.results.rules.RULES`), each rule on its own: a trial that only it
+"""The verdict rules table (`sweeps.results.verdict_rules.RULES`), each rule on its own: a trial that only it
 catches, its kind and its advice; and the table a reader sees in the module is the one that runs."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from sweeps.results import rules
-from sweeps.results.rules import RULES, first_rule
+from sweeps.results import verdict_rules as rules
+from sweeps.results.verdict_rules import RULES, first_rule
 
 WAIT, ALLREDUCE, UTIL, SOL = "time/data_wait_pct", "time/allreduce_wait_pct", "gpu/util_mean_pct", "perf/sol_pct"
 CPU, HEADROOM, TOTAL = "cpu/worker_util_mean_pct", "memory/headroom_gib", "memory/total_gib"

@@ -18,7 +18,7 @@ from sweeps.results.outcome import SweepOutcome, TrialRow
 from sweeps.results.quality import annotate, scaling_twin
 from sweeps.results.report import answer, best_fragment, table_rows
 from sweeps.results.verdict import revise, verdict
-from sweeps.search.trials import per_trial, resolve_trial, trial_params, worker_counts
+from sweeps.search.trials import largest_trial_need, resolve_trial, trial_params, worker_counts
 from sweeps.service.pool import Queue
 from sweeps.spec import SpecError, parse_spec
 from trainables.contract import ALLREDUCE_WAIT_PCT, POOL_RESIZE, SCALING_EFFICIENCY_PCT, STEP_TIME_MS, TrialConfig
@@ -40,7 +40,7 @@ budget: {num_trials: 6, num_steps: 5}
 
 def test_the_worker_count_is_a_knob_of_the_space_and_the_trial_runs_on_its_own_count() -> None:
     spec = parse_spec(SPEC)
-    assert worker_counts(spec) == [1, 2, 4] and per_trial(spec)["CPU"] == 4.0  # the largest trial
+    assert worker_counts(spec) == [1, 2, 4] and largest_trial_need(spec)["CPU"] == 4.0  # the largest trial
     cfg = resolve_trial(spec, {"num_workers": 4, "batch_size": 32, "lr": 1e-3})
     assert cfg.num_workers == 4 and cfg.lr == pytest.approx(1e-3 * 32 * 4 / 64)  # lr_scaling sees the global batch
     params = trial_params(spec, cfg)
@@ -98,7 +98,7 @@ def test_a_warm_group_serves_only_trials_of_its_accelerator_type() -> None:
 
 
 def test_the_memory_probe_measures_every_worker_count_on_its_own() -> None:
-    from sweeps.search.state import SearchState
+    from sweeps.search.live_state import SearchState
     from sweeps.service.probe import memory_settings
 
     spec = parse_spec(SPEC + "search: {probe_batch_size: true}\n")

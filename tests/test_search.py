@@ -13,9 +13,9 @@ from typing import Any
 import optuna
 import pytest
 
+from sweeps.search.live_state import SearchState, running
 from sweeps.search.plan import SizeRuns
 from sweeps.search.searcher import SweepSearch, make_scheduler, make_searcher
-from sweeps.search.state import SearchState, running
 from sweeps.search.trials import fixed_knobs
 from sweeps.spec import parse_spec
 from trainables.contract import FINAL

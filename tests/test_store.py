@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from sweeps.cli import main
-from sweeps.errors import ExitCode, StoreUnusable
-from sweeps.service.state import job_banner
+from sweeps.exits import ExitCode, StoreUnusable
+from sweeps.service.saved_state import job_banner
 from sweeps.store import absolute_uri, open_store
 
 

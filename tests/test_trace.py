@@ -266,7 +266,7 @@ def test_the_verdict_follows_the_trace_where_a_counter_disagrees() -> None:
 
 
 def test_the_traced_span_is_its_steps_times_their_length() -> None:
-    from sweeps.results.rules import traced_span_ms
+    from sweeps.results.verdict_rules import traced_span_ms
 
     assert traced_span_ms({"trace/step_ms": 4.0, "trace/steps": "3-4"}) == 8.0
     assert traced_span_ms({"trace/step_ms": 4.0, "trace/steps": "7"}) == 4.0

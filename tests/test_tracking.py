@@ -44,13 +44,13 @@ def test_calls_are_buffered_while_the_store_fails_and_replayed_in_order(tmp_path
         raise ConnectionError("server went away")
 
     monkeypatch.setattr(tracker.client, "log_batch", down)
-    tracker.trial_started("t1", 1, {"batch_size": 32})  # create_run works, log_batch (params) fails
+    tracker.start_trial("t1", 1, {"batch_size": 32})  # create_run works, log_batch (params) fails
     for step in (1, 2, 3):
-        tracker.trial_result("t1", {"loss/train": 1.0 / step, "pid": 123}, step)
+        tracker.log_result("t1", {"loss/train": 1.0 / step, "pid": 123}, step)
     assert len(tracker.pending) == 4 and tracker.degraded_reason.startswith("ConnectionError")
 
     monkeypatch.setattr(tracker.client, "log_batch", real)
-    tracker.trial_ended("t1", True, "ok", "", {"sweep.verdict": "unclear"})
+    tracker.end_trial("t1", True, "ok", "", {"sweep.verdict": "unclear"})
     assert tracker.pending == []
     run = MlflowClient(uri).get_run(tracker.run_id("t1"))
     history = MlflowClient(uri).get_metric_history(run.info.run_id, "loss/train")
@@ -62,8 +62,8 @@ def test_what_never_reaches_the_store_is_saved_not_dropped(tmp_path: Path, monke
     tracker = SweepTracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "exp", pending_path=tmp_path / "pending.jsonl")
     tracker.start_sweep("s", "", "name: s\n", {})
     monkeypatch.setattr(tracker.client, "create_run", lambda *a, **k: (_ for _ in ()).throw(TimeoutError("hangs")))
-    tracker.trial_started("t1", 1, {"lr": 0.1})
-    tracker.trial_result("t1", {"loss/val": 0.5}, 7)
+    tracker.start_trial("t1", 1, {"lr": 0.1})
+    tracker.log_result("t1", {"loss/val": 0.5}, 7)
     assert not tracker.flush()
     path = tracker.dump_pending()
     lines = path.read_text().splitlines() if path else []

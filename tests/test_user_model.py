@@ -16,8 +16,8 @@ from sweeps.service.failures import classify
 from trainables import contract, registry
 from trainables.batches import move_to_device
 from trainables.contract import TrialConfig
-from trainables.errors import WorkloadError
 from trainables.loop import _make_schedule, train
+from trainables.loop_errors import WorkloadError
 from trainables.reporting import ListReporter
 from trainables.workloads.base import BuildContext
 

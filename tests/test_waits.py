@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 import sweeps.service.pool
-from sweeps.search.state import SearchState
+from sweeps.search.live_state import SearchState
 from sweeps.service.callback import SweepCallback
 from sweeps.service.pool import Queue
 from sweeps.service.waits import Placement, WaitWatcher, free_for_sweep, holders_said

@@ -11,8 +11,8 @@ import torch
 
 from trainables import contract, registry
 from trainables.contract import TrialConfig
-from trainables.errors import WorkloadError
 from trainables.loop import train
+from trainables.loop_errors import WorkloadError
 from trainables.reporting import ListReporter
 
 CPU = torch.device("cpu")

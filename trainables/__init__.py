@@ -1,7 +1,7 @@
 """Workloads and the per-worker DDP+AMP loop. Never imports Ray Tune."""
 
 from trainables.contract import PRECISIONS, TrialConfig
-from trainables.errors import DivergedError, UnsupportedError, WorkloadError
+from trainables.loop_errors import DivergedError, UnsupportedError, WorkloadError
 
 __all__ = ["PRECISIONS", "TrialConfig", "DivergedError", "UnsupportedError", "WorkloadError", "Workload", "BuildContext"]
 

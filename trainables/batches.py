@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainables.errors import WorkloadError
+from trainables.loop_errors import WorkloadError
 
 StepFn = Callable[[nn.Module, Any], Any]
 CountFn = Callable[[Any], int]

@@ -18,11 +18,11 @@ from torch.utils.data import DataLoader
 from trainables import contract, registry
 from trainables.batches import default_counter, move_to_device, xy_step
 from trainables.contract import TrialConfig
-from trainables.errors import WorkloadError
 from trainables.flop_count import flops_per_item
-from trainables.flops import cluster_peak
 from trainables.instruments import Instruments
+from trainables.loop_errors import WorkloadError
 from trainables.noise_scale import CommTimer, HookState, NoiseScale, ddp_hook
+from trainables.peak_flops import cluster_peak
 from trainables.precision import Precision, resolve_precision
 from trainables.telemetry import Telemetry
 from trainables.window import world

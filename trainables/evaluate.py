@@ -13,7 +13,7 @@ from trainables import contract
 from trainables.batches import checked_count, checked_eval, loss_of, move_to_device
 from trainables.build import Built
 from trainables.contract import TrialConfig
-from trainables.errors import WorkloadError
+from trainables.loop_errors import WorkloadError
 from trainables.telemetry import StepTimer
 from trainables.window import all_reduce, world
 

@@ -26,8 +26,8 @@ import torch.distributed as dist
 from trainables.contract import CHECKPOINT_FILE, TrialConfig
 from trainables.knobs import KNOBS
 from trainables.loop import train
-from trainables.pool_worker import naming_workdir
 from trainables.reporting import JsonlReporter, keep_checkpoint
+from trainables.train_functions import naming_workdir
 
 
 class DirCheckpointReporter(JsonlReporter):

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Subset
 
 from trainables.contract import TrialConfig
-from trainables.errors import WorkloadError
+from trainables.loop_errors import WorkloadError
 from trainables.workloads.base import Workload
 
 

@@ -57,10 +57,10 @@ from trainables.build import Built, build, flops_metrics, gpu_layout
 from trainables.checkpoint import Checkpointer, Saved
 from trainables.contract import TrialConfig
 from trainables.devinfo import device_facts
-from trainables.errors import DivergedError
 from trainables.evaluate import Evaluator, validate
 from trainables.length import TrialLength
 from trainables.loader import close_loader, make_loader, stream
+from trainables.loop_errors import DivergedError
 from trainables.noise_scale import grads_sq
 from trainables.reporting import Reporter, priced
 from trainables.trace import Tracer

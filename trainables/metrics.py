@@ -58,7 +58,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("perf/tflops_per_s", "TFLOP/s", "achieved training FLOP/s of all ranks",
            "the workload does not know its FLOPs", final_only=True),
     Metric("perf/mfu_pct", "%", "`perf/tflops_per_s` / the sum of each rank's own GPU peak at the trial's precision "
-           "(`trainables/flops.py`: H100, H200, A100, V100)", "a device outside the peak table (a CPU)",
+           "(`trainables/peak_flops.py`: H100, H200, A100, V100)", "a device outside the peak table (a CPU)",
            final_only=True),
     Metric("perf/scaling_efficiency_pct", "%", "throughput(N ranks) / (throughput(M) x N / M) against the twin "
            "trial with the fewest ranks M < N", "no twin with fewer ranks", final_only=True, sweep_level=True),

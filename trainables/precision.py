@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from trainables.contract import PRECISIONS
-from trainables.errors import UnsupportedError
+from trainables.loop_errors import UnsupportedError
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainables.errors import WorkloadError
+from trainables.loop_errors import WorkloadError
 from trainables.workloads.declared import REGISTERED
 
 if TYPE_CHECKING:

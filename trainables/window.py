@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 from trainables import contract
-from trainables.errors import DivergedError
 from trainables.instruments import Instruments
+from trainables.loop_errors import DivergedError
 from trainables.telemetry import StepTimer, Telemetry, combine_ranks
 
 

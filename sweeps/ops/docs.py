@@ -1,7 +1,7 @@
 """The documentation's reference pages, generated from the code, never written by hand: every spec key
 (from the pydantic models' own field descriptions and the loop knobs' one declaration), the CLI (from
 its argument parser), the metrics (from `trainables.metrics.METRICS`), the exit codes and failure kinds
-(from `sweeps.errors` and `sweeps.service.failures`).
+(from `sweeps.exits` and `sweeps.service.failures`).
 
     python -m sweeps.ops.docs            # write docs/reference/*.md
     python -m sweeps.ops.docs --check    # exit 1 naming each page that is stale (tests/test_docs.py runs it)
@@ -159,7 +159,7 @@ def metrics_page() -> str:
 
 
 def exit_codes_page() -> str:
-    from sweeps.errors import EXIT_CODES
+    from sweeps.exits import EXIT_CODES
     from sweeps.results.outcome import STATUS_MEANING
     from sweeps.service.failures import KIND_MEANING
 

@@ -1,4 +1,4 @@
-"""Bottleneck verdicts: one trial's from its own figures (the rules table, `sweeps.results.rules`), then,
+"""Bottleneck verdicts: one trial's from its own figures (the rules table, `sweeps.results.verdict_rules`), then,
 across the sweep, the next steps that another trial already measured worse replaced by that evidence.
 
 **Scaling.** A trial with a twin on fewer ranks (`sweeps.results.quality.scaling_twin`) says its scaling
@@ -41,7 +41,7 @@ from sweeps.results.outcome import number as _number
 from sweeps.results.outcome import same as _same
 from sweeps.results.outcome import twins as _twins
 from sweeps.results.quality import efficiency, scaling_twin, throughput, workers
-from sweeps.results.rules import DOWN, ON, UP, Move, first_rule, text, trace_view
+from sweeps.results.verdict_rules import DOWN, ON, UP, Move, first_rule, text, trace_view
 from sweeps.spec import PARAMS_PREFIX
 from trainables.contract import THROUGHPUT_UNITS, cv_key_of, throughput_key
 
@@ -74,8 +74,8 @@ def _try(moves: tuple[Move, ...]) -> str:
 
 def verdict(metrics: dict[str, Any], params: dict[str, Any]) -> Verdict:
     """What bounds a finished trial, and what to try that it does not already use: the first rule of
-    `sweeps.results.rules.RULES` that holds, read from the trace where a counter disagrees with it, and the
-    trace's split cited (`sweeps.results.rules.trace_view`)."""
+    `sweeps.results.verdict_rules.RULES` that holds, read from the trace where a counter disagrees with it, and the
+    trace's split cited (`sweeps.results.verdict_rules.trace_view`)."""
     followed, traced = trace_view(metrics)
     rule, figures = first_rule(followed, params)
     facts, moves = rule.advice(figures)

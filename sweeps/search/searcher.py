@@ -7,12 +7,12 @@ interface, with what a throughput sweep needs:
   proposing batch sizes that run out of memory. A trial that cannot run (oom, unsupported) or
   breaks a spec constraint (e.g. `loss/val` <= 2.5) is told to Optuna as COMPLETE with a
   positive `Trial.set_constraint` value: constraint-aware TPE puts it in the bad group.
-- **Monotone skipping** (`sweeps.search.state`): a proposal at or above a batch that ran out of memory
+- **Monotone skipping** (`sweeps.search.live_state`): a proposal at or above a batch that ran out of memory
   with the same memory settings is told as infeasible without running, and the sampler asked again.
 - **Grid mode** walks every combination once, smallest batch first, with the same skipping.
 
 What it shares with the stopper and the callback (OOM bounds, failure kinds, what is left) is the
-sweep's `sweeps.search.state.SearchState`, read through `current()`: Tune copies and pickles them all.
+sweep's `sweeps.search.live_state.SearchState`, read through `current()`: Tune copies and pickles them all.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import optuna
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 from ray.tune.search import Searcher
 
+from sweeps.search.distributions import optuna_space
+from sweeps.search.live_state import current
 from sweeps.search.plan import SIZE, SizeRuns, config_key, finite_points, unvisited
-from sweeps.search.space import optuna_space
-from sweeps.search.state import current
 from sweeps.search.trials import fixed_knobs
 from sweeps.spec import PARAMS_PREFIX, ConstraintSpec, SweepSpec, TargetSpec
 from trainables.contract import ELAPSED_S, FINAL, STEPS, TO_TARGET_METRICS, cv_key_of

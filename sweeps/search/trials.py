@@ -101,7 +101,7 @@ def fixed_knobs(spec: SweepSpec) -> dict[str, Scalar]:
     return {"num_workers": spec.scaling.num_workers} | fixed if spec.space.num_workers is None else fixed
 
 
-def per_trial(spec: SweepSpec) -> dict[str, float]:
+def largest_trial_need(spec: SweepSpec) -> dict[str, float]:
     """What the largest trial the space allows holds at once (loader workers and ranks included)."""
     return spec.scaling.per_trial(max_loader_workers(spec), max(worker_counts(spec)))
 

@@ -8,7 +8,7 @@ from typing import Any
 from ray import tune
 
 from sweeps.results.outcome import NOT_FAILED
-from sweeps.search.state import current
+from sweeps.search.live_state import current
 from sweeps.service.failures import signature
 
 

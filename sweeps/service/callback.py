@@ -23,9 +23,9 @@ from sweeps.results.money import trial_usd
 from sweeps.results.outcome import MEASURED, REPLICATE_TAG, TrialRow, end_status
 from sweeps.results.sol import SpeedOfLight
 from sweeps.results.verdict import verdict
+from sweeps.search.live_state import SearchState, oom_label
 from sweeps.search.plan import SIZE, size_changes
 from sweeps.search.searcher import knobs_of
-from sweeps.search.state import SearchState, oom_label
 from sweeps.search.trials import fixed_knobs, resolve_trial, trial_params
 from sweeps.service.breaker import FailureStreak
 from sweeps.service.failures import failure_of
@@ -110,7 +110,7 @@ class SweepCallback(tune.Callback):
             self._prior_usd[trial.trial_id] = float(prior)
         self._started.add(trial.trial_id)
         self._began[trial.trial_id] = time.time()  # wall clock: compared with the queue's (same node)
-        self.tracker.trial_started(trial.trial_id, row.number, params)
+        self.tracker.start_trial(trial.trial_id, row.number, params)
         row.run_id = self.tracker.run_id(trial.trial_id)
         shown = ", ".join(f"{k}={v}" for k, v in trial.config.items())
         first = self.state.replicate_of.get(trial.trial_id)
@@ -125,7 +125,7 @@ class SweepCallback(tune.Callback):
             self._halt(row, str(result[HALT_KEY]))
             return
         row.metrics.update({k: v for k, v in result.items() if "/" in k})
-        self.tracker.trial_result(trial.trial_id, result, step=int(result.get(STEPS, iteration)))
+        self.tracker.log_result(trial.trial_id, result, step=int(result.get(STEPS, iteration)))
 
     def _halt(self, row: TrialRow, why: str) -> None:
         row.reason = why
@@ -198,7 +198,7 @@ class SweepCallback(tune.Callback):
             self.charged[trial_id] = spent[TRIAL_USD]
             spent[TRIAL_USD] += self._prior_usd.get(trial_id, 0.0)
             row.metrics.update(spent)
-            self.tracker.trial_result(trial_id, spent, step=int(row.metrics.get(STEPS, 0)))
+            self.tracker.log_result(trial_id, spent, step=int(row.metrics.get(STEPS, 0)))
 
     def _finish(self, trial_id: str, status: str, reason: str) -> None:
         self._ended.add(trial_id)
@@ -212,7 +212,7 @@ class SweepCallback(tune.Callback):
             sol = self.speed_of_light.score_trial(row.metrics, row.params) if self.speed_of_light else {}
             if sol:  # against this hardware's measured peaks: logged like the trial's own metrics
                 row.metrics.update(sol)
-                self.tracker.trial_result(trial_id, sol, step=int(row.metrics.get(STEPS, 0)))
+                self.tracker.log_result(trial_id, sol, step=int(row.metrics.get(STEPS, 0)))
             v = verdict(row.metrics, row.params)
             row.verdict = str(v)
             tags |= {"sweep.verdict": v.name, "sweep.verdict_reason": v.reason}
@@ -221,8 +221,8 @@ class SweepCallback(tune.Callback):
                 tags[CONTENDED_TAG] = shared
         traces = trace_dir(self.trials_dir, f"{self.spec.name}-{trial_id}") if self.trials_dir else ""
         if traces and Path(traces).is_dir():  # each rank's trace of its last warm-up steps (trainables.trace)
-            self.tracker.trial_files(trial_id, traces, "trace")
-        self.tracker.trial_ended(trial_id, status in (*MEASURED, "pruned"), status, reason, tags)
+            self.tracker.log_files(trial_id, traces, "trace")
+        self.tracker.end_trial(trial_id, status in (*MEASURED, "pruned"), status, reason, tags)
         row.run_id = row.run_id or self.tracker.run_id(trial_id)
         knobs = knobs_of(self.spec, row) if status == "oom" else {}
         if knobs:  # before the progress line: the grid points it rules out are no longer to come

@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from sweeps.errors import EnvironmentProblem
+from sweeps.exits import EnvironmentProblem
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """One sweep's run, owned by one object (as Ray Train V2's controller owns its run): `SweepController`
 holds the sweep's live state -- its search state (OOM bounds, failures, the breaker, what is left), its
-callback, its warm pool, its tracker -- sets them current while the sweep runs (`sweeps.search.state.running`,
+callback, its warm pool, its tracker -- sets them current while the sweep runs (`sweeps.search.live_state.running`,
 `sweeps.service.callback.live`: Tune pickles and copies the searcher, stopper and callback, which look
 them up), runs Tune, and concludes: the unfinished trials settled, the sweep-level figures and the answer
 written, the report published."""
@@ -23,14 +23,14 @@ from sweeps.results.quality import annotate, log_updates
 from sweeps.results.report import rows_from_runs, sweep_note
 from sweeps.results.sol import SpeedOfLight
 from sweeps.results.verdict import revise_verdicts
+from sweeps.search.live_state import SearchState, running
 from sweeps.search.searcher import make_scheduler, make_searcher
-from sweeps.search.state import SearchState, running
 from sweeps.service.breaker import BreakerStopper
 from sweeps.service.callback import SweepCallback, live
 from sweeps.service.pool import WarmPool
 from sweeps.service.progress import TERMINAL, overhead_line, planned_cost
 from sweeps.service.resources import DRIVER_RESOURCES, concurrency_note
-from sweeps.service.state import SweepState, experiment_dir, resume_command
+from sweeps.service.saved_state import SweepState, experiment_dir, resume_command
 from sweeps.service.trial import run_trial
 from sweeps.service.waits import PoolStarts, RayCluster, WaitWatcher, free_for_sweep
 from sweeps.spec import SweepSpec
@@ -232,7 +232,7 @@ class SweepController:
                 row.status, row.reason = "interrupted", row.reason or interrupted
             else:  # Tune never recorded it (the driver died between starting it and saving its state)
                 row.status, row.reason = "lost", "the sweep driver died before Tune recorded this trial; another ran in its place"
-            tracker.trial_ended(row.trial_id, False, row.status, row.reason, {})
+            tracker.end_trial(row.trial_id, False, row.status, row.reason, {})
         outcome = SweepOutcome(spec, self.parent, tracker.uri, sorted(callback.rows.values(), key=lambda r: r.number),
                                wall, s.tripped, interrupted, s.exhausted if not interrupted else "")
         self._close_parent(outcome, callback)

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterator
 
 from sweeps.results.outcome import at_word
-from trainables.errors import DivergedError, UnsupportedError, WorkloadError
+from trainables.loop_errors import DivergedError, UnsupportedError, WorkloadError
 
 # Each kind, what it means and what follows (the documentation's exit-codes page is generated from this).
 KIND_MEANING: dict[str, str] = {

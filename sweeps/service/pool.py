@@ -10,7 +10,7 @@
 
 The queue decides after each trial whether a group may serve again: every rank must say how the
 trial ended within `_AGREE_S`, and every rank must have finished or failed cleanly (see
-`trainables.pool_worker`). A group that died outright (a rank's process crashed) is reported by
+`trainables.train_functions`). A group that died outright (a rank's process crashed) is reported by
 its supervisor for the trial it was serving.
 
 **Shapes.** A trial runs on its own number of ranks (`TrialConfig.num_workers`, searched as

@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from sweeps.search.state import SearchState
+from sweeps.search.live_state import SearchState
 from sweeps.search.trials import fixed_knobs, resolve_trial, worker_counts
 from sweeps.service.failures import classify
 from sweeps.service.trial import WarmFailure, warm_reports

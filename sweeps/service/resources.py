@@ -10,7 +10,7 @@ from typing import Any
 from ray import tune
 from ray._common.constants import HEAD_NODE_RESOURCE_NAME
 
-from sweeps.search.trials import max_loader_workers, per_trial, worker_counts
+from sweeps.search.trials import largest_trial_need, max_loader_workers, worker_counts
 from sweeps.spec import SpecError, SpecProblem, SweepSpec
 
 # A trial's driver only launches and watches its Train workers: it holds no CPU, so a 2-core machine
@@ -23,7 +23,7 @@ DRIVER_RESOURCES = tune.PlacementGroupFactory([{"CPU": 0, "memory": 1, HEAD_NODE
 def concurrency_note(spec: SweepSpec, resources: dict[str, float], free: dict[str, float] | None = None) -> str:
     """How many trials fit the cluster at once (all workers of a trial start together) and, given what other work
     leaves `free` now (`sweeps.service.waits.free_for_sweep`), how many fit in that."""
-    need = per_trial(spec)
+    need = largest_trial_need(spec)
     fits = min(int(resources.get(k, 0) // v) for k, v in need.items() if v > 0)
     asked = spec.budget.max_concurrent_trials
     loaders = max_loader_workers(spec)
@@ -58,7 +58,7 @@ def this_machine() -> dict[str, float]:
 def refuse_if_never_fits(spec: SweepSpec, resources: dict[str, float]) -> None:
     """On a fixed cluster (a local one), a trial that needs more than there is would wait forever: the
     largest the space allows (its most ranks and loader workers) must fit."""
-    sc, need, loaders = spec.scaling, per_trial(spec), max_loader_workers(spec)
+    sc, need, loaders = spec.scaling, largest_trial_need(spec), max_loader_workers(spec)
     workers = max(worker_counts(spec))
     problems = []
     have_cpu, have_gpu = resources.get("CPU", 0), resources.get("GPU", 0)

@@ -16,7 +16,7 @@ from sweeps.service.connect import connect_ray, sigterm_as_sigint
 from sweeps.service.controller import SweepController
 from sweeps.service.progress import TERMINAL
 from sweeps.service.resources import local_runtime_env, refuse_if_never_fits, refuse_missing_types
-from sweeps.service.state import (
+from sweeps.service.saved_state import (
     SweepExists,
     SweepState,
     experiment_dir,

@@ -210,7 +210,7 @@ def make_trainer(cfg: TrialConfig, scaling: ScalingSpec, name: str, storage_path
                  workdir: str | None = None) -> Any:
     """A Ray Train `TorchTrainer` running the shared loop for one trial config, every rank in `workdir`
     (the sweep driver's working directory) where that is on its node, else in Ray's run folder."""
-    from trainables.pool_worker import WORKDIR, cold_worker
+    from trainables.train_functions import WORKDIR, cold_worker
 
     ranks = Ranks(scaling, cfg.num_workers or scaling.num_workers, scaling.cpus_per_rank(cfg.num_dataloader_workers),
                   cfg.collective_timeout_s, cfg.accelerator_type)
@@ -223,7 +223,7 @@ def make_group_trainer(spec: SweepSpec, queue: Any, slot: int, name: str, storag
     number of ranks and accelerator type, default the spec's first): a `TorchTrainer` whose ranks serve
     the trials of that shape in `queue` until it closes or asks for another shape. Each rank holds what
     the largest trial of the space needs (loader workers included) for as long as it lives."""
-    from trainables.pool_worker import WORKDIR, pool_worker
+    from trainables.train_functions import WORKDIR, pool_worker
 
     workdir, shape = group
     size, kind = shape or first_shape(spec)

@@ -6,10 +6,10 @@ allowed. Loading runs no code: `yaml.safe_load` semantics, aliases refused. The 
 come from their one declaration, `trainables.knobs.LoopKnobs`.
 """
 
-from sweeps.spec.errors import SpecError, SpecProblem
 from sweeps.spec.load import load_spec, parse_spec
 from sweeps.spec.objective import ConstraintSpec, ObjectiveSpec, TargetSpec
 from sweeps.spec.params import CategoricalParam, FixedParam, FloatParam, IntParam, Param, Scalar
+from sweeps.spec.problems import SpecError, SpecProblem
 from sweeps.spec.sections import (
     BudgetSpec,
     EarlyStoppingSpec,

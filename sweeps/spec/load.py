@@ -11,11 +11,11 @@ import yaml
 from pydantic import ValidationError
 
 from sweeps.spec.cost import SAVED_PRICES
-from sweeps.spec.errors import RuleProblems, SpecError, SpecProblem
+from sweeps.spec.problems import RuleProblems, SpecError, SpecProblem
 from sweeps.spec.space import OPTIM_KNOBS, PARAMS_PREFIX
 from sweeps.spec.sweep import SweepSpec
-from trainables.errors import WorkloadError
 from trainables.knobs import KNOBS
+from trainables.loop_errors import WorkloadError
 
 _MAX_DEPTH = 32  # a real spec is 4 levels deep; deeper input is hostile (recursion bombs)
 

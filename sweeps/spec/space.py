@@ -138,7 +138,7 @@ _GROUP_KEYS = ("accelerator_type", "num_workers")  # what a warm group is made f
 
 def _fields() -> dict[str, Any]:
     """The knobs' fields, in their declared order, then the trainable's own params (the order a spec's
-    validated form keeps: `sweeps.service.state.spec_digest` hashes it)."""
+    validated form keeps: `sweeps.service.saved_state.spec_digest` hashes it)."""
     fields: dict[str, Any] = {}
     for name, (_, _, declared) in KNOBS.items():
         if name != "num_workers":

@@ -9,10 +9,10 @@ from typing import Any
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from sweeps.spec.cost import CostSpec
-from sweeps.spec.errors import RuleProblems
+from sweeps.spec.cross_checks import problems
 from sweeps.spec.objective import ObjectiveSpec
 from sweeps.spec.params import STRICT
-from sweeps.spec.rules import problems
+from sweeps.spec.problems import RuleProblems
 from sweeps.spec.sections import (
     BudgetSpec,
     LrScalingSpec,
@@ -26,7 +26,7 @@ from sweeps.spec.sections import (
 from sweeps.spec.space import SpaceSpec
 from trainables import registry
 from trainables.contract import throughput_key
-from trainables.errors import WorkloadError
+from trainables.loop_errors import WorkloadError
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # matched whole (fullmatch): "abc\n" is refused
 
@@ -77,7 +77,7 @@ class SweepSpec(BaseModel):
 
     @model_validator(mode="after")
     def _rules(self) -> SweepSpec:
-        """Every rule across sections (`sweeps.spec.rules`); all their problems at once."""
+        """Every rule across sections (`sweeps.spec.cross_checks`); all their problems at once."""
         found = problems(self)
         if found:
             raise RuleProblems(found)

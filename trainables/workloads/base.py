@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.data import Dataset, IterableDataset
 
 from trainables.contract import THROUGHPUT_UNITS
-from trainables.errors import WorkloadError
+from trainables.loop_errors import WorkloadError
 
 
 @dataclass(frozen=True)

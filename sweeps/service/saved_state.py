@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from sweeps.errors import InputError
+from sweeps.exits import InputError
 from sweeps.results.outcome import OUT_OF_TIME, UNFINISHED, TrialRow
 from sweeps.spec import SpecError, SweepSpec, parse_spec
 from sweeps.store import shown_uri, sqlite_path

@@ -113,7 +113,7 @@ def current() -> SearchState:
     state = _CURRENT.get()
     if state is None:
         raise RuntimeError("no sweep is running here: the searcher, stopper and callback run inside "
-                           "sweeps.search.state.running(state)")
+                           "sweeps.search.live_state.running(state)")
     return state
 
 

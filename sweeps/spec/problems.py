@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sweeps.errors import InputError
+from sweeps.exits import InputError
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class SpecError(InputError):
 
 
 class RuleProblems(Exception):
-    """What the rules across sections found (`sweeps.spec.rules`), each "field.path: message": raised past
+    """What the rules across sections found (`sweeps.spec.cross_checks`), each "field.path: message": raised past
     pydantic (which wraps only ValueError) so that `parse_spec` reports each with its own line."""
 
     def __init__(self, problems: list[str]) -> None:

@@ -1,5 +1,6 @@
-"""A warm worker group: one long-lived Ray Train run whose ranks serve trial after trial.
+"""Ray Train's train functions for a trial: `pool_worker` for a warm group, `cold_worker` for a trial alone.
 
+A warm worker group is one long-lived Ray Train run whose ranks serve trial after trial.
 Rank 0 takes the next trial from the sweep's queue (a Ray actor the Tune trials feed) and
 broadcasts it; every rank resets what a previous trial could leak, builds the workload afresh
 and runs the shared loop unchanged, reporting to the queue instead of `ray.train.report`. After
@@ -34,7 +35,7 @@ import torch.distributed as dist
 from trainables.contract import POOL_CLOSED as CLOSED
 from trainables.contract import POOL_RESIZE as RESIZE
 from trainables.contract import TRIAL_IN_GROUP, TrialConfig
-from trainables.errors import DivergedError, UnsupportedError, WorkloadError
+from trainables.loop_errors import DivergedError, UnsupportedError, WorkloadError
 from trainables.reporting import keep_checkpoint
 
 logger = logging.getLogger(__name__)
