@@ -39,6 +39,14 @@ from common import REPO, record, table
 
 _ETA = re.compile(r"^\[trial 1/\d+\] .*\| elapsed (\d+)s, ETA (\d+)s")
 _WALL = re.compile(r"^Sweep \S+ finished in (\d+)s: (\d+)/(\d+) trials ok")
+# what varies between two runs of one demo: measured numbers, run and trial ids, paths, the order of trials
+_VARIES = re.compile(r"[0-9a-f]{32}|[0-9a-f]{5}_[0-9]{5}|/tmp/\S+|[-+]?\d+(\.\d+)?")
+
+
+def shape(lines: list[str]) -> list[str]:
+    """The demo's printed lines with what varies between runs masked (numbers, ids, paths), sorted: two runs of
+    the same code give the same shape whatever they measured (the searcher and the machine pick the order)."""
+    return sorted(_VARIES.sub("#", line).rstrip() for line in lines if line.strip())
 
 
 def run(mode: str, spec: Path, code: Path | None = None) -> dict[str, Any]:
@@ -74,7 +82,7 @@ def run(mode: str, spec: Path, code: Path | None = None) -> dict[str, Any]:
                  for prec in ("32", "bf16-mixed")}
         db.close()
     remaining = wall - elapsed
-    return {"mode": mode, "table_columns": head, "sweep_s": wall, "trials_ok": ok, "trials": total, "first_eta_s": eta,
+    return {"mode": mode, "shape": shape(out), "table_columns": head, "sweep_s": wall, "trials_ok": ok, "trials": total, "first_eta_s": eta,
             "first_eta_remaining_s": remaining, "first_eta_error_pct": 100.0 * (eta - remaining) / remaining,
             "max_sol_pct": max(sol) if sol else None, "data_prep_s": sum(made) if made else None,
             "bf16_trials": len(verdicts),
@@ -109,6 +117,18 @@ def main() -> None:
         for mode in a.modes.split(","):
             shapes = {tuple(r["table_columns"]) for r in rows if r["mode"] == mode}
             print(f"{mode}: the same table columns before and after: {len(shapes) == 1} ({' '.join(next(iter(shapes)))})")
+            before, after = (r["shape"] for r in rows if r["mode"] == mode)
+            gone, new = sorted(set(before) - set(after)), sorted(set(after) - set(before))
+            print(f"{mode}: the same printed lines (numbers, ids and paths masked): {not gone and not new}")
+            for line in gone:
+                print(f"  only before: {line}")
+            for line in new:
+                print(f"  only after:  {line}")
+            for r in rows:
+                if r["mode"] == mode:
+                    r["lines_only_here"] = gone if r["code"] == a.before else new
+    for r in rows:
+        r.pop("shape")
     print(table(["code", "mode", "sweep s", "ok", "first ETA s", "remaining s", "ETA error %", "max sol %", "data made s",
                  "bf16 'emulated'", "fp32 / bf16 at batch 64 (samples/s)"],
                 [[r.get("code", "this tree"), r["mode"], str(r["sweep_s"]), f"{r['trials_ok']}/{r['trials']}", str(r["first_eta_s"]),

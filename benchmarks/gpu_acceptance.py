@@ -81,7 +81,7 @@ def preflight(stages: list[str], cuda: bool, missing: list[str]) -> dict[str, st
             why[stage] = "no CUDA device (torch.cuda.is_available() is False): a GPU-only stage" + {
                 "doctor": "; `python -m sweeps doctor --gpu-checks` runs its CPU subset",
                 "parity": "; benchmarks/loop_parity.py is the CPU parity",
-                "trace": "; tests/test_trace.py splits CPU traces and hand-built GPU ones"}.get(stage, "")
+                "trace": "; tests/loop/test_trace.py splits CPU traces and hand-built GPU ones"}.get(stage, "")
         elif stage in SWEEPS and missing:
             why[stage] = f"needs {', '.join(missing)} to run a sweep (pip install -e .)"
         else:

@@ -1,6 +1,6 @@
 """Gradient noise scale: accuracy against a known answer, and what measuring it costs.
 
-1. Accuracy: linear regression with Gaussian noise at fixed weights (tests/linreg.py), where
+1. Accuracy: linear regression with Gaussian noise at fixed weights (tests/helpers/linreg.py), where
    B_noise = ((d + 1)|delta|^2 + d sigma^2) / |delta|^2 exactly; 2 gloo ranks under torchrun, one run
    per seed. Goal: within 20%.
 2. Overhead, two ways on the demo's image model (2 gloo ranks):
@@ -55,12 +55,12 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--pairs", type=int, default=4)
     a = ap.parse_args()
-    from tests.linreg import analytic_noise_scale
+    from tests.helpers.linreg import analytic_noise_scale
 
     truth = analytic_noise_scale(LINREG["dim"], LINREG["sigma"], LINREG["delta_norm"])
     estimates = []
     for seed in range(a.seeds):
-        final = run_loop(["--workload", "tests.linreg:build", "--params", json.dumps(LINREG), "--num-steps", "300",
+        final = run_loop(["--workload", "tests.helpers.linreg:build", "--params", json.dumps(LINREG), "--num-steps", "300",
                           "--num-warmup-steps", "2", "--batch-size", "32", "--lr", "1e-9", "--telemetry-period-s", "0",
                           "--seed", str(seed)], nproc=2)
         estimates.append(final["stats/grad_noise_scale"])

@@ -1,6 +1,6 @@
 """Does the memory probe find the true frontier, and in how many candidates?
 
-One warm pool (2 gloo workers) serves every probe; the workload `tests.faulty:oom_on_rank1_above`
+One warm pool (2 gloo workers) serves every probe; the workload `tests.helpers.faulty:oom_on_rank1_above`
 runs out of memory on rank 1 only (an injected limit) above `limit` samples per rank. For each
 limit and precision, the probe's answer is compared with the truth (the largest candidate <= limit)
 and its number of candidates with ceil(log2(n)) + 1 (n batch sizes in the space).
@@ -22,7 +22,7 @@ from common import REPO, record, table
 
 SPEC = """\
 name: probe-bench
-trainable: {{name: 'tests.faulty:oom_on_rank1_above', params: {{limit: {limit}}}}}
+trainable: {{name: 'tests.helpers.faulty:oom_on_rank1_above', params: {{limit: {limit}}}}}
 space:
   batch_size: {{type: categorical, choices: {choices}}}
   precision: {{type: categorical, choices: ["32", "bf16-mixed"]}}

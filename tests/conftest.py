@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.reap import TAG, started_here
+from tests.helpers.reap import TAG, started_here
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -84,7 +84,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # The fault and resume sweeps (they crash a rank, hang a peer, fill a disk, kill the driver) take their own
 # session cluster, in the other process. One lane of all of them was the run's longest path (472 s of a
 # 482 s run, the other process idle at the end); two took 314 s and 233 s of a 473 s run (docs/benchmarks.md).
-_OWN_CLUSTER = frozenset({"test_faults.py", "test_resume.py"})
+_OWN_CLUSTER = frozenset({"test_loop_faults.py", "test_resume.py"})
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -131,10 +131,10 @@ def ray_cluster() -> Iterator[None]:
     import ray
 
     from sweeps.service.resources import LEAN_TRAIN_ENV  # what `sweeps run` uses on a local cluster
-    from tests.reap import ray_node_pids, reap, tree
+    from tests.helpers.reap import ray_node_pids, reap, tree
 
     temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths are length-limited
-    # Workers can import test-only trainables (tests.faulty) from the repo, as a job's working dir would.
+    # Workers can import test-only trainables (tests.helpers.faulty) from the repo, as a job's working dir would.
     ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, object_store_memory=200 * 1024**2,
              runtime_env={"env_vars": {"PYTHONPATH": str(REPO), **LEAN_TRAIN_ENV}})
     try:

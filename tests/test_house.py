@@ -112,3 +112,50 @@ def test_a_loop_knob_is_declared_once_and_named_only_where_it_is_used() -> None:
     assert re.search(r"prefetch_factor: int = knob\(2,", knobs)
     defaults = [f for f in files if re.search(r"prefetch_factor\b.{0,40}\b2\b", f.read_text())]
     assert [f.name for f in defaults] == ["knobs.py"], defaults
+
+
+def test_no_two_modules_share_a_file_name() -> None:
+    """A name says which module it is: `state.py` twice (the live search state; `sweep.json` on disk) cost a
+    reader a look at the folder every time (issue 49)."""
+    seen: dict[str, list[str]] = {}
+    for f in _modules().values():
+        if f.name != "__init__.py":
+            seen.setdefault(f.name, []).append(str(f.relative_to(REPO)))
+    assert not {n: fs for n, fs in seen.items() if len(fs) > 1}
+
+
+# tests/<folder>/ -> the package its tests are about; e2e/ (whole sweeps) and helpers/ (no tests) are apart
+MIRRORS = {"spec": "sweeps/spec", "search": "sweeps/search", "service": "sweeps/service", "results": "sweeps/results",
+           "ops": "sweeps/ops", "loop": "trainables", "benchmarks": "benchmarks", "": "sweeps"}
+# test files about one component that has no module of that name: why each is where it is
+APART = {"loop/test_loop_spine.py": "the loop's behaviour across its components, pinned (loop.py)",
+         "loop/test_loop_faults.py": "faults provoked below Ray, inside the loop (loop.py)",
+         "loop/test_loop_gpu_paths.py": "the loop's GPU code paths, checked on CPU (loop.py)",
+         "spec/test_load_fuzz.py": "the loader fuzzed (load.py)",
+         "service/test_ray_private.py": "the private Ray names the service reads (connect.py, trial.py)",
+         "loop/test_workloads.py": "the workloads/ package's conformance suite",
+         "test_house.py": "the house's shape"}
+
+
+def test_tests_mirror_the_packages() -> None:
+    """Each component's tests sit in `tests/<package>/test_<module>.py` (issue 49): a reader who changes
+    `sweeps/search/trials.py` finds its tests in `tests/search/test_trials.py`; whole sweeps in `tests/e2e/`,
+    the tests' own pieces in `tests/helpers/`."""
+    tests = REPO / "tests"
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert folders == set(MIRRORS) - {""} | {"e2e", "helpers"}, folders
+    misplaced = []
+    for f in sorted(tests.rglob("*.py")):
+        rel = f.relative_to(tests)
+        folder = rel.parts[0] if len(rel.parts) > 1 else ""
+        if f.name in ("__init__.py", "conftest.py") or folder in ("e2e", "helpers") or str(rel) in APART:
+            if folder == "helpers" and f.name.startswith("test_") and f.name != "test_reap.py":
+                misplaced.append(f"{rel}: a test among the helpers")
+            continue
+        if not f.name.startswith("test_"):
+            misplaced.append(f"{rel}: a helper outside tests/helpers/")
+            continue
+        module = REPO / MIRRORS[folder] / f.name.removeprefix("test_")
+        if not module.exists():
+            misplaced.append(f"{rel}: no {module.relative_to(REPO)}")
+    assert not misplaced, misplaced

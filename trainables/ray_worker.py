@@ -18,7 +18,7 @@ from trainables.reporting import JsonlReporter, MultiReporter
 logger = logging.getLogger(__name__)
 
 # What Ray's exits carry: `ray._raylet.raise_sys_exit_with_custom_error_message` raises `SystemExit` with it
-# (tests/test_quiet_exit.py fails loudly when Ray stops doing so).
+# (tests/loop/test_ray_worker.py fails loudly when Ray stops doing so).
 RAY_EXIT_ATTR = "ray_terminate_msg"
 
 

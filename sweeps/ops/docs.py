@@ -4,7 +4,7 @@ its argument parser), the metrics (from `trainables.metrics.METRICS`), the exit 
 (from `sweeps.exits` and `sweeps.service.failures`).
 
     python -m sweeps.ops.docs            # write docs/reference/*.md
-    python -m sweeps.ops.docs --check    # exit 1 naming each page that is stale (tests/test_docs.py runs it)
+    python -m sweeps.ops.docs --check    # exit 1 naming each page that is stale (tests/ops/test_docs.py runs it)
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ class SizeRuns:
         ((k - 1) / k with k counts left; slots of concurrent trials aside). An expectation, not a forecast:
         a sweep pays a whole number (12 trials over [1, 2]: 1 or 2 for the 1.5 planned), and which one
         follows the count that measures faster, unknown before the sweep measured it
-        (`tests/test_search.py::test_the_restarts_the_plan_expects_are_what_the_runs_pay_on_average`)."""
+        (`tests/search/test_searcher.py::test_the_restarts_the_plan_expects_are_what_the_runs_pay_on_average`)."""
         plan, k = self.upcoming(n), max(1, len([s for s in self.sizes if s not in self.exhausted]))
         known = [s for s in plan if s is not None]
         free = len(plan) - len(known)

@@ -35,7 +35,7 @@ _ANSWER_S = 3.0  # a live GCS accepts a TCP connection at once
 
 def ray_address_file() -> str:
     """Where `ray start` leaves the address of the cluster it started (Ray's default temp dir). Ray has no
-    public name for it: a private access, pinned in tests/test_ray_private.py."""
+    public name for it: a private access, pinned in tests/service/test_ray_private.py."""
     from ray._common.utils import get_ray_address_file
 
     return str(get_ray_address_file(None))

@@ -130,7 +130,7 @@ def this_node() -> dict[str, Any]:
     it, where an NVIDIA GPU is visible) and no labels (a local `sweeps run` starts Ray without any)."""
     resources: dict[str, float] = {}
     if this_machine()["GPU"]:
-        try:  # Ray's own name for the GPU: no public API gives it (pinned in tests/test_ray_private.py)
+        try:  # Ray's own name for the GPU: no public API gives it (pinned in tests/service/test_ray_private.py)
             from ray._private.accelerators import NvidiaGPUAcceleratorManager
 
             kind = NvidiaGPUAcceleratorManager.get_current_node_accelerator_type()

@@ -48,7 +48,7 @@ def _ask_to_halt(why: str) -> None:
 
 # Ray Train's default callbacks a sweep's run can do without, found by class name: no public way to
 # leave one out exists (`DataParallelTrainer._create_default_callbacks` is private), and
-# tests/test_trial_lean.py fails loudly when Ray no longer makes them.
+# tests/service/test_trial.py fails loudly when Ray no longer makes them.
 # - Ray Data's, for a run without datasets: a DatasetManager actor (one more Python process) and Ray
 #   Data's context sent to every rank, ~0.6 s of each group's ~6.2 s start-up on 2 cores
 #   (benchmarks/train_startup.py). Our ranks read their own files.
@@ -119,13 +119,13 @@ def start_train_coordinator(wait_s: float = 60.0) -> None:
     """Start Ray Train's autoscaling coordinator (a detached actor, one per cluster) before the first run's
     controller asks it for resources. That controller waits at most 5 s for the answer and then logs a
     20-line `GetTimeoutError` traceback ("safe to ignore ... CPU being overloaded"), which is what a cold
-    coordinator on a busy 2-core machine takes (two sweeps starting at once, tests/test_many_hands.py).
+    coordinator on a busy 2-core machine takes (two sweeps starting at once, tests/e2e/test_many_hands.py).
     Started here (~0.4 s on an idle 2-core machine, the same start the first run would have made), every
     controller finds it answering. Best effort: a Ray without it, or one slower than `wait_s`, only logs
     what it logged before."""
     import ray
 
-    try:  # the actor Ray Train's client makes (tests/test_trial_lean.py fails when Ray changes that)
+    try:  # the actor Ray Train's client makes (tests/service/test_trial.py fails when Ray changes that)
         from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
             get_or_create_autoscaling_coordinator,
         )

@@ -61,7 +61,7 @@ class Placement:
 def job_groups(job_id: str) -> list[Placement]:
     """The job's worker placement groups that Ray has not removed, from Ray's table of every job's groups (public:
     `ray.util.placement_group_table`). Ray names no group's job there; a group's id ends with the id of the job
-    that made it (`ray.PlacementGroupID.of(job)`, tests/test_ray_private.py fails loudly when that changes). Tune's
+    that made it (`ray.PlacementGroupID.of(job)`, tests/service/test_ray_private.py fails loudly when that changes). Tune's
     groups for the trials' drivers (no CPU, no GPU: `sweeps.service.resources.DRIVER_RESOURCES`) are left out."""
     from ray.util import placement_group_table
 

@@ -1,0 +1,28 @@
+"""The tests' own process checks: what a pytest process counts as started by itself (`make test` runs two)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import psutil
+
+from tests.helpers.reap import TAG, started_here
+
+SLEEP = [sys.executable, "-c", "import time; time.sleep(30)"]
+
+
+def test_a_process_counts_as_ours_by_its_inherited_tag_and_not_by_another_ones() -> None:
+    assert os.environ[TAG] == str(os.getpid()) and started_here(psutil.Process())
+    env = {k: v for k, v in os.environ.items() if k != TAG}
+    procs = {"ours": subprocess.Popen(SLEEP),  # inherits this process's environment, its tag with it
+             "other pytest's": subprocess.Popen(SLEEP, env={**env, TAG: "1"}),
+             "untagged": subprocess.Popen(SLEEP, env=env)}
+    try:
+        assert {k: started_here(psutil.Process(p.pid)) for k, p in procs.items()} == {
+            "ours": True, "other pytest's": False, "untagged": False}
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
