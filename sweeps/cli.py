@@ -90,12 +90,15 @@ def _print_outcome(outcome: Any, title: str) -> None:
     if spec.objective.multi:
         print("\n" + pareto_table(outcome))
     print(f"\nBest configuration{' by ' + spec.objective.primary if spec.objective.multi else ''}:\n" + best_fragment(outcome))
-    print("\nNext: " + next_steps(outcome))
+    if outcome.best is not None:
+        print("\nNext: " + next_steps(outcome))
     money = money_sentence(outcome, lambda t: configuration(outcome, t), md=False)
     if money:
         print("\nIn money: " + money)
     uri, parent = outcome.tracking_uri, outcome.parent_run_id
     print("\n" + "\n".join(ui_links(uri, experiment_of(uri, parent), parent, compared_run_ids(outcome))))
+    if outcome.best is None:  # last: a job's status shows the log's last line alone, and it says the first failure
+        print("\nNext: " + next_steps(outcome))
 
 
 def _report(args: argparse.Namespace) -> int:

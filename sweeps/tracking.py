@@ -28,6 +28,7 @@ _MAX_PARAM_LEN = 6000
 _MAX_NOTE_LEN = 5000  # MLflow's tag values hold up to 8000 characters
 NOTE_TAG = "mlflow.note.content"  # a run's or an experiment's description in the UI (markdown)
 EXPERIMENT_NOTE_LEAD = "Latest sweep **"  # how an experiment description this module wrote begins
+LAST_ANSWER_TAG = "sweeps.last_answer"  # an experiment's last answer that a sweep gave: "<sweep>\t<run id>\t<answer>"
 
 
 def _versions() -> dict[str, str]:
@@ -237,34 +238,49 @@ class SweepTracker:
         )
         self.client.set_terminated(self.parent_id, status)
 
-    def set_note(self, markdown: str) -> None:
-        """The parent run's description in the UI (MLflow's `mlflow.note.content` tag, markdown); its first
-        paragraph (the answer) also becomes the experiment's latest news (`experiment_note`)."""
+    def set_note(self, markdown: str, answered: bool = True) -> None:
+        """Set the parent run's description in the UI (MLflow's `mlflow.note.content` tag, markdown).
+
+        Its first paragraph (the answer) also becomes the experiment's latest news (`experiment_note`); a sweep
+        that gave no answer (`answered` False: no trial finished) is news too, but the experiment's last answer
+        stays beside it."""
         assert self.parent_id is not None
         self.client.set_tag(self.parent_id, NOTE_TAG, markdown[:_MAX_NOTE_LEN])
-        self._describe_experiment(markdown.split("\n\n", 1)[0])
+        self._describe_experiment(markdown.split("\n\n", 1)[0], answered=answered)
 
-    def _describe_experiment(self, news: str) -> None:
+    def _describe_experiment(self, news: str, answered: bool = False) -> None:
         """Write the experiment's description unless someone else wrote it (one that `experiment_note` did
-        not make is the user's own, kept). It is not worth failing a sweep over (the store may let this user
-        log runs but not edit the experiment)."""
+        not make is the user's own, kept). An `answered` sweep's news becomes the experiment's last answer; any
+        other news (a sweep running, or one that ended with no answer) keeps the last answer beside it. It is not
+        worth failing a sweep over (the store may let this user log runs but not edit the experiment)."""
         from mlflow.exceptions import MlflowException
 
         assert self.parent_id is not None
         try:
-            current = self.client.get_experiment(self.experiment_id).tags.get(NOTE_TAG, "")
-            if not current.strip() or current.startswith(EXPERIMENT_NOTE_LEAD):
-                note = experiment_note(self.sweep_name, news, self.parent_id)
-                self.client.set_experiment_tag(self.experiment_id, NOTE_TAG, note)
+            tags = self.client.get_experiment(self.experiment_id).tags
+            current = tags.get(NOTE_TAG, "")
+            if current.strip() and not current.startswith(EXPERIMENT_NOTE_LEAD):
+                return
+            if answered:
+                self.client.set_experiment_tag(self.experiment_id, LAST_ANSWER_TAG,
+                                               f"{self.sweep_name}\t{self.parent_id}\t{news}"[:_MAX_PARAM_LEN])
+                last = None
+            else:
+                sweep, run, answer = (tags.get(LAST_ANSWER_TAG, "").split("\t", 2) + ["", "", ""])[:3]
+                last = (sweep, answer, run) if answer else None
+            note = experiment_note(self.sweep_name, news, self.parent_id, last)
+            self.client.set_experiment_tag(self.experiment_id, NOTE_TAG, note)
         except MlflowException as exc:
             logger.warning("could not set the description of experiment %s: %s", self.experiment_id, exc)
 
 
-def experiment_note(sweep: str, news: str, parent_run_id: str) -> str:
-    """The experiment's description: the latest sweep's answer first (the UI shows an experiment's description
-    folded to its first line above the runs table, and its first words in the experiments list), then what
-    the experiment holds and how to read it, the same for every sweep."""
-    text = (f"{EXPERIMENT_NOTE_LEAD}{sweep}**: {news}\n\n"
+def experiment_note(sweep: str, news: str, parent_run_id: str, last: tuple[str, str, str] | None = None) -> str:
+    """The experiment's description: the latest sweep's news first (the UI shows an experiment's description
+    folded to its first line above the runs table, and its first words in the experiments list); when that is
+    not an answer, the `last` one an earlier sweep gave (its sweep, answer, parent run); then what the experiment
+    holds and how to read it, the same for every sweep."""
+    before = f"Last answer, sweep **{last[0]}** (parent run `{last[2]}`): {last[1]}\n\n" if last else ""
+    text = (f"{EXPERIMENT_NOTE_LEAD}{sweep}**: {news}\n\n{before}"
             "This experiment holds the sweeps of the `sweeps` service: one parent run per sweep, named after it, "
             "whose description is that sweep's answer and whose `report/summary.html` artifact is its full report; "
             "under it, one child run per trial (`trial-NNN-<id>`: the configuration as params, the measurements as "

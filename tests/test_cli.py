@@ -1,6 +1,6 @@
-"""`sweeps wait-head`: between `ray start --head` and `ray job submit`, wait until the head's job
-agent accepts a job (right after start, the dashboard answers before it does). Against a real head,
-with the README's steps: tests/test_job_submit.py."""
+"""The CLI (`sweeps/cli.py`) without Ray: `sweeps wait-head` (between `ray start --head` and `ray job submit`,
+wait until the head's job agent accepts a job: right after start, the dashboard answers before it does; against a
+real head, with the README's steps: tests/e2e/test_job_submit.py), and what a sweep's output ends with."""
 
 from __future__ import annotations
 
@@ -53,3 +53,20 @@ def test_a_head_without_its_job_agent_times_out_saying_what_it_answered(
     err = capsys.readouterr().err
     assert f"the Ray head at {no_agent_head} did not accept a job within 2s" in err
     assert "No available agent to submit job" in err
+
+
+def test_a_sweep_where_no_trial_finished_ends_its_output_with_the_first_failures_reason(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`ray job status` shows a job log's last line alone: it carries the first failure itself (issue 50, item 8)."""
+    from sweeps.cli import _print_outcome
+    from sweeps.results.outcome import SweepOutcome, TrialRow
+    from sweeps.spec import parse_spec
+
+    spec = parse_spec("name: t\ntrainable: {name: mlp-tabular}\nbudget: {num_trials: 2, num_steps: 5}\n")
+    why = ("'data/shapes/classes.txt' is missing: data is in .gitignore, which `ray job submit` does not upload. "
+           "Fix: take it out of .gitignore")
+    rows = [TrialRow("t1", 1, {"batch_size": 32}, "run1", "config", why),
+            TrialRow("t2", 2, {"batch_size": 64}, "run2", "config", why)]
+    _print_outcome(SweepOutcome(spec, "parent", "sqlite:///mlflow.db", rows, 3.0), "Sweep t finished in 3s")
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == f"Next: no finished trial to learn from; fix the first failure first, trial 1 config: {why}", last

@@ -88,11 +88,15 @@ def test_the_experiment_is_described_by_its_latest_sweep_unless_a_user_described
     assert "the spec's description" not in about() and about().endswith(f"parent run: `{first.parent_id}`.")
     second = SweepTracker(uri, "exp")
     second.start_sweep("s2", "", "name: s2\n", {})
-    assert about().startswith("Latest sweep **s2**: running since ")
+    answer = "**Best: trial 2** (batch_size 64) with x = 1. 2/2 trials finished."
+    last = f"Last answer, sweep **s1** (parent run `{first.parent_id}`): {answer}\n\n"
+    assert about().startswith("Latest sweep **s2**: running since ") and last in about()  # the answer stays beside
+    second.set_note("**No answer**: 0/2 trials finished.", answered=False)  # issue 50: a failed sweep keeps it too
+    assert about().startswith(f"Latest sweep **s2**: **No answer**: 0/2 trials finished.\n\n{last}"), about()
     resumed = SweepTracker(uri, "exp")
     resumed.resume_sweep(first.parent_id)
-    resumed.set_note("**No answer**: 0/2 trials finished.")
-    assert about().startswith("Latest sweep **s1**: **No answer**: 0/2 trials finished.\n\n")
+    resumed.set_note("**Best: trial 3** with x = 2.")  # an answer: the last answer now
+    assert about().startswith("Latest sweep **s1**: **Best: trial 3** with x = 2.\n\nThis experiment holds")
 
     MlflowClient(uri).set_experiment_tag(first.experiment_id, "mlflow.note.content", "Our team's MNIST sweeps.")
     third = SweepTracker(uri, "exp")

@@ -79,11 +79,13 @@ def missing_file(exc: FileNotFoundError, origin: str) -> WorkloadError:
     else:
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         what = lines[-1] if lines else "FileNotFoundError"
-    error = WorkloadError(f"{what} — relative paths resolve against {os.getcwd()} ({origin}); give paths from "
-                          "there, or absolute ones on storage every node mounts" + _ignored_hint(exc.filename))
-    where = getattr(exc, "sweeps_where", None)  # where the loop stopped: the warm group compares it across ranks
-    if where is not None:
-        error.sweeps_where = where  # type: ignore[attr-defined]
+    where = f"relative paths resolve against {os.getcwd()} ({origin})"
+    ignored = _ignored_hint(exc.filename)  # the likely cause, and every way out, first: a progress line shortens
+    error = WorkloadError(f"{exc.filename!r} is missing: {ignored} ({what}; {where})" if ignored else
+                          f"{what} — {where}; give paths from there, or absolute ones on storage every node mounts")
+    stopped = getattr(exc, "sweeps_where", None)  # where the loop stopped: the warm group compares it across ranks
+    if stopped is not None:
+        error.sweeps_where = stopped  # type: ignore[attr-defined]
     return error
 
 
@@ -100,8 +102,8 @@ def _ignored_hint(filename: str | None) -> str:
         patterns = [p.strip().strip("/") for p in f if p.strip() and not p.lstrip().startswith(("#", "!"))]
     if not any(fnmatch.fnmatch(top, p) or fnmatch.fnmatch(path, p) for p in patterns if p):
         return ""
-    return (f". {top} is listed in .gitignore, and `ray job submit --working-dir` does not upload what .gitignore "
-            "lists: put the data on storage every node mounts and give its absolute path")
+    return (f"{top} is in .gitignore, which `ray job submit` does not upload. Fix: take it out of .gitignore, submit "
+            "with RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1, or use an absolute path on storage every node mounts")
 
 
 @contextlib.contextmanager

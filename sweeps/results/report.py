@@ -26,7 +26,7 @@ import yaml
 
 from sweeps.results.contention import contended_rows, contention_sentence
 from sweeps.results.money import money_key, money_sentence
-from sweeps.results.outcome import MEASURED, REPLICATE_TAG, SweepOutcome, TrialRow
+from sweeps.results.outcome import MEASURED, REPLICATE_TAG, SweepOutcome, TrialRow, at_word
 from sweeps.results.quality import DEGRADED_TAG, efficiency, scaling_twin, workers
 from sweeps.results.verdict import noise_tie, revise_verdicts, sweep_effects
 from sweeps.spec import PARAMS_PREFIX, CategoricalParam, FixedParam, IntParam, Param, Scalar
@@ -55,6 +55,7 @@ def _fmt(v: Any) -> str:
 QUALITY_METRICS = (SCALING_EFFICIENCY_PCT, ALLREDUCE_WAIT_PCT, "perf/sol_pct", "stats/grad_noise_scale", "time/to_target_s", "predict/time_to_target_s",
                    "predict/error_pct", "quality/gap_pct")
 QUALITY_PARAMS = ("lr_effective",)
+FIRST_FAILURE_WIDTH = 400  # the first failure's reason in the last line of a sweep where no trial finished
 NOISE_METRICS = tuple(throughput_cv_key(u) for u in THROUGHPUT_UNITS)  # next to the objective, where a trial has it
 
 
@@ -325,7 +326,12 @@ def next_steps(outcome: SweepOutcome, noise: bool = True) -> str:
     the runner-up is as good (`noise`: say so here, where the answer is not shown beside it)."""
     best = outcome.best
     if best is None or not best.verdict:
-        return "no finished trial to learn from; fix the failures listed above first"
+        failed = next((t for t in sorted(outcome.trials, key=lambda t: t.number) if t.reason), None)
+        if failed is None:
+            return "no finished trial to learn from; fix the failures listed above first"
+        # the log's last line, which `ray job status` shows alone: the first failure's reason itself (issue 50)
+        return (f"no finished trial to learn from; fix the first failure first, trial {failed.number} "
+                f"{failed.status}: {at_word(failed.reason, FIRST_FAILURE_WIDTH)}")
     tie = within_noise(outcome) if noise else ""
     return f"best trial {best.number} is {best.verdict}" + (f". {tie[0].upper()}{tie[1:]}" if tie else "")
 

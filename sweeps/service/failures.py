@@ -8,9 +8,14 @@ Kinds: ``unsupported`` (hardware cannot run the config), ``oom`` (device or host
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import logging
 import re
+import time
+import traceback
 from collections.abc import Iterator
+from pathlib import Path
 
 from sweeps.results.outcome import at_word
 from trainables.loop_errors import DivergedError, UnsupportedError, WorkloadError
@@ -180,3 +185,43 @@ def failure_of(error: BaseException | None) -> tuple[str, str]:
         if isinstance(e, TrialFailure):
             return e.kind, e.reason
     return classify(error)
+
+
+# Ray Tune logs each failed trial's whole traceback (~35 lines) on the console under this logger; the sweep's
+# own progress line already says the trial failed and why, in one line (issue 50, item 9).
+TUNE_FAILURE_LOGGER = "ray.tune.execution.tune_controller"
+
+
+class TracebacksToFile(logging.Filter):
+    """Move Ray Tune's "Trial task failed" tracebacks off the console into `path` (the sweep's own log): every
+    other record of the logger passes unchanged."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path, self.written = path, 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("Trial task failed"):
+            return True
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a") as f:
+                f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {record.getMessage()}\n")
+                if record.exc_info:
+                    f.write("".join(traceback.format_exception(*record.exc_info)) + "\n")
+        except OSError:  # nowhere to keep it: the console keeps it rather than lose it
+            return True
+        self.written += 1
+        return False
+
+
+@contextlib.contextmanager
+def tracebacks_to(path: Path) -> Iterator[TracebacksToFile]:
+    """While inside, each failed trial's Tune traceback goes to `path` instead of the console."""
+    tune_logger = logging.getLogger(TUNE_FAILURE_LOGGER)
+    moved = TracebacksToFile(path)
+    tune_logger.addFilter(moved)
+    try:
+        yield moved
+    finally:
+        tune_logger.removeFilter(moved)

@@ -14,6 +14,7 @@ from sweeps.results.outcome import SweepOutcome
 from sweeps.results.report import load_outcome
 from sweeps.service.connect import connect_ray, sigterm_as_sigint
 from sweeps.service.controller import SweepController
+from sweeps.service.failures import tracebacks_to
 from sweeps.service.progress import TERMINAL
 from sweeps.service.resources import local_runtime_env, refuse_if_never_fits, refuse_missing_types
 from sweeps.service.saved_state import (
@@ -30,6 +31,8 @@ from sweeps.service.trial import start_train_coordinator
 from sweeps.spec import SpecError, SweepSpec, parse_spec
 from sweeps.store import absolute_uri
 from sweeps.tracking import SweepTracker
+
+TRACEBACKS_FILE = "trial-tracebacks.log"  # beside sweep.json: Ray Tune's traceback of each failed trial
 
 
 def echo_stdout(line: str) -> None:
@@ -81,7 +84,12 @@ def run_sweep(spec: SweepSpec, spec_text: str, echo: Callable[[str], None] = ech
                     # for label selectors): said, not refused
                     echo(f"WARNING: {exc.problems[0].message}; its trials wait until the autoscaler adds one")
                 start_train_coordinator()
-                return SweepController(spec, spec_text, echo, state, tracker).run()
+                with tracebacks_to(experiment_dir(spec) / TRACEBACKS_FILE) as moved:  # one line a failed trial
+                    try:
+                        return SweepController(spec, spec_text, echo, state, tracker).run()
+                    finally:
+                        if moved.written:
+                            echo(f"Ray Tune's traceback of each failed trial ({moved.written}): {moved.path}")
         finally:
             if started_ray:
                 ray.shutdown()

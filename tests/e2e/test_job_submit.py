@@ -196,4 +196,6 @@ def test_the_readme_steps_wait_for_the_head_then_a_job_runs_a_sweep_reading_its_
         "tags.`sweep.status` = 'config'")
     assert len(reasons) == 2 and (home / "ray_results" / "job-sweep" / "sweep.json").exists()
     why = reasons[0].data.tags["sweep.failure_reason"]
-    assert "data is listed in .gitignore" in why and why.endswith("give its absolute path"), why
+    assert why.startswith("'data/shapes/classes.txt' is missing: data is in .gitignore, which `ray job submit` does not upload"), why
+    assert all(fix in why for fix in ("take it out of .gitignore", "RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1",
+                                      "use an absolute path on storage every node mounts")), why

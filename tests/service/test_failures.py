@@ -6,6 +6,7 @@ import multiprocessing as mp
 import pickle
 import socket
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -256,3 +257,26 @@ def test_a_peer_gone_alone_is_a_crash_but_never_hides_a_ranks_own_error() -> Non
     assert classify(FakeWorkerGroupError({0: timeout}))[0] == "error"
     assert classify(FakeWorkerGroupError({0: reset, 1: timeout}))[0] == "error"
 
+
+def test_tunes_traceback_of_a_failed_trial_goes_to_the_sweeps_log_not_the_console(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Ray Tune logs each failed trial's whole traceback (~35 lines) on the console; the sweep's progress line
+    already says it in one (issue 50, item 9): the traceback goes to a file, every other record stays."""
+    import logging
+
+    from sweeps.service.failures import TUNE_FAILURE_LOGGER, tracebacks_to
+
+    tune_logger = logging.getLogger(TUNE_FAILURE_LOGGER)
+    path = tmp_path / "exp" / "trial-tracebacks.log"
+    with caplog.at_level(logging.INFO), tracebacks_to(path) as moved:
+        try:
+            raise RuntimeError("rank 1 raised it")
+        except RuntimeError as exc:
+            tune_logger.error("Trial task failed for trial run_trial_1a2b3_00001", exc_info=exc)
+        tune_logger.warning("something else Tune says")
+    tune_logger.error("Trial task failed for trial after_the_sweep")  # outside: the console has it again
+    shown = [r.getMessage() for r in caplog.records if r.name == TUNE_FAILURE_LOGGER]
+    assert shown == ["something else Tune says", "Trial task failed for trial after_the_sweep"], shown
+    kept = path.read_text()
+    assert moved.written == 1 and "run_trial_1a2b3_00001" in kept and "RuntimeError: rank 1 raised it" in kept
+    assert "Traceback (most recent call last)" in kept

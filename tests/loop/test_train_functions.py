@@ -1,0 +1,40 @@
+"""Ray Train's train functions' own pieces (`trainables/train_functions.py`), without Ray: a missing file named
+with where relative paths resolve, and when .gitignore is the likely cause, every way out first."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+
+from sweeps.service.progress import REASON_WIDTH, at_word
+from trainables.train_functions import missing_file
+
+ORIGIN = "the directory the sweep's driver runs in"
+
+
+def _missing(name: str) -> FileNotFoundError:
+    return FileNotFoundError(errno.ENOENT, "No such file or directory", name)
+
+
+def test_a_gitignored_data_folder_is_named_with_every_fix_within_a_progress_lines_width(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".gitignore").write_text("# local\ndata/\nmlflow.db\n")
+    why = str(missing_file(_missing("data/shapes/classes.txt"), ORIGIN))
+    shown = at_word(why, REASON_WIDTH)  # what a trial's progress line keeps of it (issue 50, item 7)
+    assert shown.startswith("'data/shapes/classes.txt' is missing: data is in .gitignore, which `ray job submit` does not upload")
+    for fix in ("take it out of .gitignore", "RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1",
+                "use an absolute path on storage every node mounts"):
+        assert fix in shown, (fix, shown)
+    assert f"relative paths resolve against {tmp_path} ({ORIGIN})" in why
+
+
+def test_a_missing_file_outside_gitignore_names_where_relative_paths_resolve(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".gitignore").write_text("mlflow.db\n")
+    why = str(missing_file(_missing("data/absent.bin"), ORIGIN))
+    assert why == (f"No such file or directory: 'data/absent.bin' — relative paths resolve against {tmp_path} "
+                   f"({ORIGIN}); give paths from there, or absolute ones on storage every node mounts")
