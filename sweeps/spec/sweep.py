@@ -29,6 +29,7 @@ from trainables.contract import throughput_key
 from trainables.loop_errors import WorkloadError
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # matched whole (fullmatch): "abc\n" is refused
+_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")  # s3://, gs://, file://, ...
 
 
 class SweepSpec(BaseModel):
@@ -52,7 +53,8 @@ class SweepSpec(BaseModel):
     quality: QualitySpec = Field(default_factory=QualitySpec, description="the convergence guardrail at equal data")
     cost: CostSpec | None = Field(default=None, description="what each accelerator type costs per device-hour, with "
                                   "the date and source of each price: the money figures (none without it)")
-    storage_path: str = Field(default="ray_results", description="where the sweep keeps its state (sweep.json, Tune's "
+    storage_path: str = Field(default="ray_results", description="a filesystem path (on a cluster: one every node mounts; "
+                              "not a URI) where the sweep keeps its state (sweep.json, Tune's "
                               "experiment, trial checkpoints) and its lock; relative: to the working directory, or "
                               "inside a `ray job submit --working-dir` job to $SWEEPS_HOME (default ~/sweeps)")
     data_dir: str = Field(default=".cache/datasets", description="where workloads write their data files (relative: to "
@@ -82,6 +84,18 @@ class SweepSpec(BaseModel):
         if found:
             raise RuleProblems(found)
         return self
+
+    @field_validator("storage_path")
+    @classmethod
+    def _a_path(cls, path: str) -> str:
+        """A URI here once became a local folder named after it (`./s3:/bucket/...`) without a word: refused."""
+        if _URI.match(path):
+            raise ValueError(
+                f"{path!r} is a URI, and the sweep keeps its state, Tune's experiment, checkpoints and traces on a "
+                "filesystem path: give a path that every node mounts at the same place (NFS, EFS, Filestore, a "
+                "Kubernetes volume), e.g. /mnt/sweeps; an object store is for MLflow's artifacts "
+                "(`mlflow server --artifacts-destination s3://...`)")
+        return path
 
     @field_validator("name")
     @classmethod
