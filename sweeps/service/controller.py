@@ -68,7 +68,7 @@ class SweepController:
         self.probe_tags: dict[str, str] = {}
         self.probe_s = 0.0
         self.state = saved  # what the sweep keeps on disk (a new sweep's once its parent run exists)
-        self.t0 = self.trials_t0 = clock.monotonic()  # trials_t0, once Ray and Tune started: progress lines, time budget
+        self.t0 = self.trials_t0 = clock.monotonic()  # the sweep's wall time; the trials' (`run`)
         # The trials' live state
         self.rows: dict[str, TrialRow] = {}  # every trial of the sweep (a resumed sweep's earlier ones too)
         self.streak = FailureStreak(spec.budget.max_identical_failures)
@@ -84,10 +84,10 @@ class SweepController:
     def run(self) -> SweepOutcome:
         """The sweep, from its warm pool to its report."""
         self.tune.start(self.echo)
-        self.trials_t0 = self.clock.monotonic()
         with running(self.search), live(self):
             if self.saved is not None:
                 self.resume(rows_from_runs(self.tracker.resume_sweep(self.parent)))
+            self.trials_t0 = self.clock.monotonic()  # what the progress lines' elapsed and time_budget_s count from
             tuner = self._tuner()
             self.speed_of_light = self.measure(self.tracker.uri)  # before the trials: it competes with none
             for key, source in self.speed_of_light.sources.items():
