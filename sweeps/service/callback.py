@@ -24,8 +24,7 @@ _LIVE: ContextVar[SweepController | None] = ContextVar("sweeps_live_controller",
 
 
 def _live_callback() -> tune.Callback:
-    controller = _LIVE.get()
-    return controller.callback if controller is not None else tune.Callback()
+    return controller.callback if (controller := _LIVE.get()) is not None else tune.Callback()
 
 
 @contextlib.contextmanager
@@ -79,9 +78,8 @@ def _interrupt_tune() -> bool:
     and `Tuner.restore` runs them again. Tune listens for SIGINT only when it runs in the main
     thread, where it replaces Python's default handler; anywhere else (or with the default handler
     still in place) there is nobody to tell, and the caller stops the trials another way."""
-    if threading.current_thread() is not threading.main_thread():
-        return False
-    if signal.getsignal(signal.SIGINT) in (signal.default_int_handler, signal.SIG_DFL, signal.SIG_IGN, None):
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) in (signal.default_int_handler, signal.SIG_DFL, signal.SIG_IGN, None):
         return False
     signal.raise_signal(signal.SIGINT)
     return True
