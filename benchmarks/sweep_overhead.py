@@ -10,7 +10,7 @@ On a Ray runtime started once per variant and round (its start-up excluded), per
 
 Variants (alternating): `default` (Ray's settings, a new Tune actor per trial), `lean`
 (`sweeps.service.resources.LEAN_TRAIN_ENV`, a new Tune actor per trial), `lean-reuse` (lean, and Tune's actor
-reused across trials, `sweeps.service.controller.REUSE_TRIAL_ACTORS`: one TorchTrainer per trial) and `warm`
+reused across trials, `sweeps.service.tuning.REUSE_TRIAL_ACTORS`: one TorchTrainer per trial) and `warm`
 (lean-reuse with `scaling.reuse_workers: true`: one long-lived worker group serves every trial).
 
     .venv/bin/python benchmarks/sweep_overhead.py [--rounds 2] [--trials 3] [--steps 1500]
@@ -99,10 +99,10 @@ def main() -> None:
         for v in variants}
     for r in range(args.rounds):
         for v in variants[r % len(variants):] + variants[:r % len(variants)]:
-            from sweeps.service import controller, resources
+            from sweeps.service import resources, tuning
 
             env = {"PYTHONPATH": str(REPO), **(resources.LEAN_TRAIN_ENV if v.startswith("lean") or v == "warm" else {})}
-            controller.REUSE_TRIAL_ACTORS = v.endswith("reuse") or v == "warm"
+            tuning.REUSE_TRIAL_ACTORS = v.endswith("reuse") or v == "warm"
             t0 = time.monotonic()
             ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": env}, log_to_driver=False)
             st = stats[v]

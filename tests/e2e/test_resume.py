@@ -174,8 +174,8 @@ def test_a_finished_sweep_run_again_is_left_alone(ray_cluster: None, tmp_path: P
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     import ray
 
-    import sweeps.service.controller
     import sweeps.service.runner
+    import sweeps.service.tuning
 
     new_store(tmp_path / "mlflow.db")
     text = FINISHED_SPEC.format(db=tmp_path / "mlflow.db", storage=tmp_path / "r")
@@ -190,9 +190,9 @@ def test_a_finished_sweep_run_again_is_left_alone(ray_cluster: None, tmp_path: P
 
     # Run again, by `sweeps run` and by `sweeps resume`: no Ray connection, no warm pool (so no worker group)
     started: list[str] = []
-    connect, pool = sweeps.service.runner.connect_ray, sweeps.service.controller.WarmPool
+    connect, pool = sweeps.service.runner.connect_ray, sweeps.service.tuning.WarmPool
     monkeypatch.setattr(sweeps.service.runner, "connect_ray", lambda *a: started.append("ray") or connect(*a))
-    monkeypatch.setattr(sweeps.service.controller, "WarmPool", lambda *a: started.append("pool") or pool(*a))
+    monkeypatch.setattr(sweeps.service.tuning, "WarmPool", lambda *a: started.append("pool") or pool(*a))
     capsys.readouterr()
     for argv in (["run", str(tmp_path / "spec.yaml")], ["resume", "done-once", "--storage-path", str(tmp_path / "r")]):
         assert main(argv) == 0, argv

@@ -1,75 +1,58 @@
-"""The sweep callback on its own, fed Tune's lifecycle calls: how a trial's end is classified."""
+"""The sweep's Tune callback on its own: Tune's hooks reach the live controller with the trial's id, and a
+pickled callback comes back as the live controller's (the controller's own work: tests/service/test_controller.py)."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
-from sweeps.search.live_state import SearchState
+import cloudpickle
+from ray import tune
+
 from sweeps.service.callback import SweepCallback, live
-from sweeps.spec import parse_spec
-from sweeps.tracking import SweepTracker
-
-SPEC = """\
-name: cb
-trainable: {name: mlp-tabular}
-space: {lr: {type: float, low: 1.0e-3, high: 1.0e-2}}
-objective: {metric: throughput/samples_per_s, mode: max, constraints: [{metric: loss/val, max: 2.0}]}
-search: {early_stopping: {grace_steps: 2}}
-budget: {num_trials: 3, num_steps: 10}
-"""
 
 
-def _callback(tmp_path: Path, text: str) -> tuple[SweepCallback, SweepTracker, list[str]]:
-    """A sweep callback over a real MLflow store, as the sweep's controller builds it."""
-    tracker = SweepTracker(f"sqlite:///{tmp_path / 'm.db'}", "cb")
-    tracker.start_sweep("cb", "", text, {})
-    lines: list[str] = []
-    return SweepCallback(parse_spec(text), tracker, lines.append, SearchState()), tracker, lines
+class Recorder:
+    """A controller that records what its callback hands it."""
+
+    def __init__(self) -> None:
+        self.callback = SweepCallback(self)  # type: ignore[arg-type]
+        self.calls: list[tuple[Any, ...]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args: self.calls.append((name, *args))
 
 
-def test_final_infeasible_and_pruned_trials(tmp_path: Path) -> None:
-    spec = parse_spec(SPEC)
-    cb, tracker, lines = _callback(tmp_path, SPEC)
-    for tid, result in (
-        ("ok", {"throughput/samples_per_s": 10.0, "loss/val": 1.5, "progress/steps": 10, "progress/final": 1}),
-        ("bad", {"throughput/samples_per_s": 20.0, "loss/val": 3.5, "progress/steps": 10, "progress/final": 1}),
-        ("slow", {"throughput/samples_per_s": 1.0, "progress/steps": 2, "progress/final": 0}),
-    ):
-        trial = SimpleNamespace(trial_id=tid, config={"lr": 0.005})
-        cb.on_trial_start(0, [], trial)
-        cb.on_trial_result(1, [], trial, result)
-        cb.on_trial_complete(1, [], trial)
-    rows = cb.rows
-    assert (rows["ok"].status, rows["bad"].status, rows["slow"].status) == ("ok", "infeasible", "pruned")
-    assert rows["bad"].reason == "loss/val=3.5 breaks loss/val <= 2" and "INFEASIBLE" in lines[3]
-    assert "stopped by ASHA after 2 measured steps" in rows["slow"].reason
-    run = tracker.client.get_run(rows["bad"].run_id)
-    assert run.data.tags["sweep.status"] == "infeasible" and run.info.status == "FINISHED"
-    # a callback pickles as a reference (Tune writes it into tuner.pkl) and comes back as the live one
-    import pickle
-
-    cb2 = SweepCallback(spec, tracker, lines.append, SearchState())
-    with live(cb2):
-        assert pickle.loads(pickle.dumps(cb2)) is cb2
-        assert pickle.loads(pickle.dumps(cb)) is cb2  # (a resumed driver's copy of an older one: the live one)
-    assert type(pickle.loads(pickle.dumps(cb2))) is not SweepCallback  # no live sweep: an inert callback
-
-
-def test_an_objective_no_trial_reports_stops_the_sweep_listing_what_was_reported(tmp_path: Path) -> None:
-    text = SPEC.replace("constraints: [{metric: loss/val, max: 2.0}]", "constraints: [{metric: eval/accuracy, min: 0.9}]")
-    text = text.replace("search: {early_stopping: {grace_steps: 2}}\n", "")
-    cb, _, lines = _callback(tmp_path, text)
-    trial = SimpleNamespace(trial_id="t1", config={"lr": 0.005})
+def test_tunes_hooks_reach_the_controller_with_the_trials_id_and_its_stored_error(tmp_path: Path) -> None:
+    controller = Recorder()
+    cb = controller.callback
+    error = tmp_path / "error.pkl"
+    error.write_bytes(cloudpickle.dumps(MemoryError("rank 0 ran out")))
+    trial = SimpleNamespace(trial_id="t1", config={"lr": 0.005}, pickled_error_file=str(error))
     cb.on_trial_start(0, [], trial)
-    cb.on_trial_result(1, [], trial, {"throughput/samples_per_s": 10.0, "loss/val": 1.5, "progress/steps": 10,
-                                      "progress/final": 1})
-    cb.on_trial_complete(1, [], trial)
-    tripped = cb.tripped
-    row = cb.rows["t1"]
-    assert row.status == "config"
-    assert "the trial reported no eval/accuracy" in row.reason and "it reported: loss/val, throughput/samples_per_s" in row.reason
-    assert tripped.startswith("objective metric not reported") and any("STOPPING the sweep" in line for line in lines)
+    cb.on_trial_result(3, [], trial, {"loss/val": 1.5})
+    cb.on_step_end(3, [])
+    cb.on_trial_complete(4, [], trial)
+    cb.on_trial_error(4, [], trial)  # Tune's copy of the error, written in this process, is read back
+    stored = SimpleNamespace(trial_id="t2", get_pickled_error=lambda: None)  # none stored locally: Tune's own
+    cb.on_trial_error(5, [], stored)
+    got = controller.calls
+    assert got[:4] == [("trial_started", "t1", {"lr": 0.005}), ("trial_reported", "t1", {"loss/val": 1.5}, 3),
+                       ("step_ended",), ("trial_completed", "t1")]
+    assert got[4][:2] == ("trial_errored", "t1") and isinstance(got[4][2], MemoryError)
+    assert got[5] == ("trial_errored", "t2", None)
+
+
+def test_a_pickled_callback_comes_back_as_the_live_controllers_or_inert_outside_a_sweep() -> None:
+    # Tune writes its RunConfig, callback included, into tuner.pkl: a reference, never a stale copy
+    older, running = Recorder(), Recorder()
+    with live(running):  # type: ignore[arg-type]
+        assert pickle.loads(pickle.dumps(running.callback)) is running.callback
+        assert pickle.loads(pickle.dumps(older.callback)) is running.callback  # a resumed driver's copy of an older one
+    inert = pickle.loads(pickle.dumps(running.callback))
+    assert type(inert) is tune.Callback  # no live sweep (e.g. reading tuner.pkl): an inert callback
 
 
 def test_halting_interrupts_tune_through_its_sigint_handler_only_when_one_listens() -> None:

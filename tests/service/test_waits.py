@@ -17,8 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 import sweeps.service.pool
-from sweeps.search.live_state import SearchState
-from sweeps.service.callback import SweepCallback
+from sweeps.service.controller import SweepController
 from sweeps.service.pool import Queue
 from sweeps.service.waits import Placement, WaitWatcher, free_for_sweep, holders_said
 from sweeps.spec import parse_spec
@@ -129,19 +128,19 @@ def test_a_wait_longer_than_max_queue_s_halts_the_sweep_naming_the_limit_and_the
     assert watcher.over == ""  # 45 s is not longer than the limit
     _run(watcher, clock, 1)
     assert watcher.over == f"it waited longer than budget.max_queue_s (45 s) for {SAID}"
-    # the sweep's callback halts the sweep on Tune's next step, once its trials are out: resumable (exit 4)
+    # the sweep's controller halts the sweep on Tune's next step, once its trials are out: resumable (exit 4)
     said: list[str] = []
-    callback = SweepCallback(parse_spec(SPEC % ""), None, said.append, SearchState())  # type: ignore[arg-type]
-    callback.waits = watcher
+    controller = SweepController(parse_spec(SPEC % ""), SPEC % "", said.append, None, None,  # type: ignore[arg-type]
+                                 tune=SimpleNamespace(waits=watcher, queue=None))  # type: ignore[arg-type]
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # no Tune listening: trials are stopped
     try:
-        callback.on_step_end(0, [])
-        assert callback.halted == "" and said == []  # no trial out yet: a halt would end the sweep as finished
-        callback._started.add("t1")
-        callback.on_step_end(1, [])
+        controller.callback.on_step_end(0, [])
+        assert controller.halted == "" and said == []  # no trial out yet: a halt would end the sweep as finished
+        controller._started.add("t1")
+        controller.callback.on_step_end(1, [])
     finally:
         signal.signal(signal.SIGINT, previous)
-    assert callback.halted == watcher.over and callback.state.tripped == f"halted: {watcher.over}"
+    assert controller.halted == watcher.over and controller.search.tripped == f"halted: {watcher.over}"
     assert said == [f"HALTING the sweep: {watcher.over}. Finished trials are kept; trials still running run again "
                     "when the sweep is resumed."]
 
