@@ -92,6 +92,7 @@ def _make_schedule(optimizer: torch.optim.Optimizer, cfg: TrialConfig,
 
 class Where:
     """Where a rank is in the loop: the phase, then the step (and micro-batch) as the spine sets it.
+
     An exception leaving the loop carries `label` as `sweeps_where`."""
 
     __slots__ = ("label",)
@@ -105,8 +106,10 @@ class Where:
 
 def train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dict[str, str] | None = None,
           resume_from: str | None = None) -> dict[str, Any]:
-    """Train `cfg.num_warmup_steps + cfg.num_steps` steps (or what the trial's length rules instead:
-    `trainables.length`) and return the final report.
+    """Train one trial and return the final report.
+
+    It trains `cfg.num_warmup_steps + cfg.num_steps` steps (or what the trial's length rules instead:
+    `trainables.length`).
 
     `facts` (strings, e.g. the launcher's node id) join rank 0's device facts in the final report.
     With `cfg.checkpoint_every_steps`, every that many measured steps rank 0 saves model, optimizer,

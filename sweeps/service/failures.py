@@ -167,8 +167,9 @@ _PEER_ADDRESS = re.compile(r"\[[^\]\s]*\]:\d+")  # gloo's "[127.0.0.1]:31655": a
 
 
 def signature(kind: str, reason: str) -> tuple[str, str]:
-    """What makes two failures "the same" for the circuit breaker: the kind and the error,
-    not which rank happened to report it first, nor the port its peer had."""
+    """Return what makes two failures "the same" for the circuit breaker: the kind and the error.
+
+    Not which rank happened to report it first, nor the port its peer had."""
     return kind, _PEER_ADDRESS.sub("[peer]", _RANK_PREFIX.sub("", reason))
 
 
