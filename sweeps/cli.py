@@ -15,8 +15,6 @@ from typing import Any
 from sweeps.exits import ExitCode, SweepsError
 from sweeps.spec import SpecError, load_spec
 
-EXIT_UNFINISHED = ExitCode.RESUMABLE  # the name tests and scripts import
-
 
 def _validate(args: argparse.Namespace) -> int:
     spec, _ = load_spec(args.spec)

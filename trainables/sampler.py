@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 logger = logging.getLogger(__name__)
-_MIB = 1024**2
 _GIB = 1024**3
 _IGNORED_CLOCK_REASONS = ("GpuIdle", "ApplicationsClocksSetting", "UserDefinedClocks", "None")
 

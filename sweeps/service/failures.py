@@ -28,7 +28,6 @@ KIND_MEANING: dict[str, str] = {
              "checkpoint",
     "error": "anything else: the rank that raised it, its type and its whole message are in `sweep.failure_reason`",
 }
-KINDS: tuple[str, ...] = tuple(KIND_MEANING)
 _LOADER_HINT = (" — a dataloader worker died or hung: give the container more shared memory (docker --shm-size, "
                 "/dev/shm), lower num_dataloader_workers or prefetch_factor, or check the dataset's __getitem__")
 # Every form an out-of-memory failure takes, matched against "<type name>: <whole message>" (NCCL puts the
