@@ -15,8 +15,6 @@ from typing import Any
 from sweeps.exits import ExitCode, SweepsError
 from sweeps.spec import SpecError, load_spec
 
-EXIT_UNFINISHED = ExitCode.RESUMABLE  # the name tests and scripts import
-
 
 def _validate(args: argparse.Namespace) -> int:
     spec, _ = load_spec(args.spec)
@@ -157,9 +155,10 @@ _PROBE_JOB = "sweeps-wait-head-"
 
 
 def wait_for_head(address: str, timeout_s: float, poll_s: float = 1.0) -> tuple[float, str]:
-    """(seconds until the Ray head at `address` accepted a job, the job's id): a no-op job submitted
-    through Ray's public `JobSubmissionClient`, so the head's job agent must answer, not only its
-    dashboard. Then waits (within `timeout_s`, at least 5 s) for the job to end: a `RuntimeError` if it
+    """Wait until the Ray head at `address` runs a job, and return (seconds it took, the job's id).
+
+    A no-op job is submitted through Ray's public `JobSubmissionClient`, so the head's job agent must answer,
+    not only its dashboard. Then waits (within `timeout_s`, at least 5 s) for the job to end: a `RuntimeError` if it
     failed. `TimeoutError` says what the head last answered; an `AuthenticationError` is raised at once."""
     import time
     import uuid

@@ -72,8 +72,9 @@ def sqlite_path(uri: str) -> Path | None:
 
 
 def absolute_uri(uri: str, root: Path) -> str:
-    """`uri` with a relative sqlite path made absolute against `root` (MLflow would take the working
-    directory); any other URI as given."""
+    """Return `uri` with a relative sqlite path made absolute against `root`; any other URI as given.
+
+    MLflow would take the working directory."""
     db = uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else None
     if db is None or db.startswith("/") or db.startswith(":memory:"):
         return uri
@@ -89,8 +90,10 @@ def shown_uri(uri: str) -> str:
 
 
 def file_store_problem(uri: str) -> str | None:
-    """Why MLflow 3 will not open `uri` as a store: a `file://` URI or a bare path is its file store, in
-    maintenance mode (refused unless MLFLOW_ALLOW_FILE_STORE=true); None for any other store."""
+    """Say why MLflow 3 will not open `uri` as a store; None for any other store.
+
+    A `file://` URI or a bare path is its file store, in maintenance mode (refused unless
+    MLFLOW_ALLOW_FILE_STORE=true)."""
     scheme = urlparse(uri).scheme
     if (scheme not in ("file", "") or uri.startswith("databricks")) or os.environ.get(
             "MLFLOW_ALLOW_FILE_STORE", "").strip().lower() in ("true", "1"):
@@ -100,8 +103,10 @@ def file_store_problem(uri: str) -> str | None:
 
 
 def open_store(uri: str, create: bool = True) -> Any:
-    """An `MlflowClient` of the store at `uri`, opened and usable (see the module doc); `create=False`
-    for a command that only reads: a sqlite file that does not exist is then refused, not created."""
+    """Return an `MlflowClient` of the store at `uri`, opened and usable (see the module doc).
+
+    `create=False` for a command that only reads: a sqlite file that does not exist is then refused, not
+    created."""
     from mlflow.tracking import MlflowClient
 
     for key, value in _HTTP_DEFAULTS.items():
@@ -172,8 +177,9 @@ def _damage(db: Path) -> str:
 
 @contextlib.contextmanager
 def creation_lock(db: Path) -> Iterator[None]:
-    """Holds `<db>.lock` exclusively while this process opens (creates, migrates) the store: another
-    process opening it at once waits here. Without a writable folder (a read-only store) no lock is
+    """Hold `<db>.lock` exclusively while this process opens (creates, migrates) the store.
+
+    Another process opening it at once waits here. Without a writable folder (a read-only store) no lock is
     taken: nothing can be created there either."""
     path = db.with_name(db.name + ".lock")
     try:
@@ -189,8 +195,9 @@ def creation_lock(db: Path) -> Iterator[None]:
 
 
 def sqlite_problem(db: Path, exc: BaseException) -> str | None:
-    """The one-line cause and fix for an error MLflow raised opening the sqlite store `db`; None when
-    it is not a known store problem."""
+    """Return the one-line cause and fix for an error MLflow raised opening the sqlite store `db`.
+
+    None when it is not a known store problem."""
     text = f"{exc} {exc.__cause__ or ''}"
     if "readonly database" in text or "read-only file system" in text.lower():
         return (f"the MLflow store {db} is read-only here (a sweep writes to it; sqlite also needs its folder "

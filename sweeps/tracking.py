@@ -1,7 +1,9 @@
 """MLflow tracking, driver side: one parent run per sweep, one nested child run per trial.
 
-Uses `MlflowClient` with explicit run ids (no global active run). Only clean metrics go
-to MLflow: `group/name(unit)` keys with finite numeric values; nothing of Tune's noise.
+Uses `MlflowClient` with explicit run ids (no global active run). Only clean metrics go to MLflow:
+`group/name_unit` keys (the unit a suffix, e.g. `time/step_ms`, `throughput/samples_per_s`: MLflow 3 refuses
+`(`, `)` and `%` in metric names) with finite numeric values; a string under such a key (`device/name`)
+becomes a tag; nothing of Tune's noise.
 """
 
 from __future__ import annotations
@@ -275,10 +277,11 @@ class SweepTracker:
 
 
 def experiment_note(sweep: str, news: str, parent_run_id: str, last: tuple[str, str, str] | None = None) -> str:
-    """The experiment's description: the latest sweep's news first (the UI shows an experiment's description
-    folded to its first line above the runs table, and its first words in the experiments list); when that is
-    not an answer, the `last` one an earlier sweep gave (its sweep, answer, parent run); then what the experiment
-    holds and how to read it, the same for every sweep."""
+    """Write the experiment's description: the latest sweep's news first.
+
+    The UI shows an experiment's description folded to its first line above the runs table, and its first words
+    in the experiments list. When that news is not an answer, the `last` one an earlier sweep gave follows (its
+    sweep, answer, parent run); then what the experiment holds and how to read it, the same for every sweep."""
     before = f"Last answer, sweep **{last[0]}** (parent run `{last[2]}`): {last[1]}\n\n" if last else ""
     text = (f"{EXPERIMENT_NOTE_LEAD}{sweep}**: {news}\n\n{before}"
             "This experiment holds the sweeps of the `sweeps` service: one parent run per sweep, named after it, "
@@ -376,9 +379,10 @@ def _is_this_repo(path: Path) -> bool:
 
 def ui_links(uri: str, experiment_id: str | None, parent_run_id: str, trial_run_ids: list[str],
              cwd: str | None = None) -> list[str]:
-    """The last lines of a sweep: where its answer is in MLflow's UI. A tracking server's own URLs; for a
-    local store, the command that serves it, then the URLs that server will have. Every URL opens the
-    UI's Model training view (`TRAINING_VIEW`)."""
+    """Write the last lines of a sweep: where its answer is in MLflow's UI.
+
+    A tracking server's own URLs; for a local store, the command that serves it, then the URLs that server will
+    have. Every URL opens the UI's Model training view (`TRAINING_VIEW`)."""
     served = uri.startswith(("http://", "https://"))
     base = uri if served else f"http://127.0.0.1:{UI_PORT}"
     lines = [f"MLflow: parent run {parent_run_id} in {uri}"]

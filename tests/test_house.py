@@ -134,7 +134,8 @@ APART = {"loop/test_loop_spine.py": "the loop's behaviour across its components,
          "spec/test_load_fuzz.py": "the loader fuzzed (load.py)",
          "service/test_ray_private.py": "the private Ray names the service reads (connect.py, trial.py)",
          "loop/test_workloads.py": "the workloads/ package's conformance suite",
-         "test_house.py": "the house's shape"}
+         "test_house.py": "the house's shape",
+         "test_docstrings.py": "the public docstrings' summary lines, across the packages"}
 
 
 def test_tests_mirror_the_packages() -> None:

@@ -1,4 +1,12 @@
-"""Workloads and the per-worker DDP+AMP loop. Never imports Ray Tune."""
+"""The worker side: the per-worker DDP+AMP loop, the components it is built from, and the workloads.
+
+`loop` is the one training loop; its components own their state (`length`, `window`, `checkpoint`,
+`evaluate`, `precision`, `telemetry`, `loader`, `build`, `instruments` and the rest). `contract`, `knobs` and
+`metrics` are what the service reads (torch-free). `ray_worker` and `train_functions` run the loop under Ray
+Train, `launch` under plain `torchrun`; `doctor_checks` measures what a node can do. The workloads live in
+`workloads`, looked up by name (`registry`).
+
+Never imports Ray Tune."""
 
 from trainables.contract import PRECISIONS, TrialConfig
 from trainables.loop_errors import DivergedError, UnsupportedError, WorkloadError

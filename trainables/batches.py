@@ -92,9 +92,10 @@ def first_tensor(batch: Any) -> torch.Tensor | None:
 
 
 def take_items(batch: Any, n: int, need: int) -> Any | None:
-    """The first samples of `batch` (which holds `n` items) that make up about `need` items: every tensor
-    cut along its leading (sample) dimension, the containers rebuilt. None where the batch cannot be cut
-    that way (tensors whose leading sizes differ, no tensor at all): then it is used whole.
+    """Cut the first samples of `batch` (which holds `n` items) that make up about `need` items.
+
+    Every tensor is cut along its leading (sample) dimension, the containers rebuilt. None where the batch cannot
+    be cut that way (tensors whose leading sizes differ, no tensor at all): then it is used whole.
 
     Items are assumed evenly spread over samples (exact for samples, one sample's tokens for tokens);
     at least 2 samples are kept where the batch has them (BatchNorm refuses one in training)."""
@@ -152,8 +153,9 @@ def xy_step(loss_fn: Callable[[Any, Any], Any]) -> StepFn:
 
 
 def loss_of(out: Any, training: bool) -> torch.Tensor:
-    """The scalar loss in what a step returned: a tensor, an object with `.loss` (Hugging Face
-    outputs) or a mapping with "loss"."""
+    """Return the scalar loss in what a step returned.
+
+    A tensor, an object with `.loss` (Hugging Face outputs) or a mapping with "loss"."""
     loss = out
     if isinstance(out, Mapping) and "loss" in out:
         loss = out["loss"]

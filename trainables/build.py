@@ -1,6 +1,7 @@
-"""A trial's build, on each rank: the workload and its model, DDP (and compile) around it, the precision,
-the optimizer and the instruments, grouped as what trains (`ModelBundle`), what measures (`Instruments`)
-and what the build cost (`BuildFacts`)."""
+"""A trial's build, on each rank: the workload and its model, DDP (and compile) around it, and the rest.
+
+The precision, the optimizer and the instruments, grouped as what trains (`ModelBundle`), what measures
+(`Instruments`) and what the build cost (`BuildFacts`)."""
 
 from __future__ import annotations
 
@@ -31,9 +32,11 @@ from trainables.workloads.base import BuildContext, Workload, prepared
 
 @dataclass
 class ModelBundle:
-    """What trains. `model` is the bare module (clipping, state_dict, validation, FLOP counting), `ddp` the
-    DDP wrapper (no_sync, the comm hook), `forward_model` what the training forward calls (the compiled DDP
-    model when compiling)."""
+    """What trains: the bare model, its DDP wrapper and the model the training forward calls.
+
+    `model` is the bare module (clipping, state_dict, validation, FLOP counting), `ddp` the DDP wrapper
+    (no_sync, the comm hook), `forward_model` what the training forward calls (the compiled DDP model when
+    compiling)."""
 
     wl: Workload
     model: nn.Module
@@ -72,8 +75,10 @@ class Built:
 
 
 def build(cfg: TrialConfig, device: torch.device) -> Built:
-    """Everything a trial trains with, on this rank: its workload, model, DDP, compile, precision, optimizer
-    and instruments (every rank calls it; rank 0 counts the FLOPs)."""
+    """Build everything a trial trains with, on this rank.
+
+    Its workload, model, DDP, compile, precision, optimizer and instruments (every rank calls it; rank 0 counts
+    the FLOPs)."""
     t0, (prep0, calls0) = time.perf_counter(), prepared()
     rank, world_size = world()
     if cfg.num_workers and cfg.num_workers != world_size:  # the service routes each trial to a group of its size
@@ -137,8 +142,9 @@ def gpu_layout(device: torch.device, precision: str, world: int) -> tuple[float 
 
 def count_flops(wl: Workload, model: nn.Module, cfg: TrialConfig, device: torch.device,
                  step: Callable[[nn.Module, Any], Any], count: Callable[[Any], int]) -> float | None:
-    """Training FLOPs per item of a workload that does not declare them: counted once by
-    `torch.utils.flop_counter` on one validation batch, on the bare model before DDP wraps it."""
+    """Count the training FLOPs per item of a workload that does not declare them.
+
+    Counted once by `torch.utils.flop_counter` on one validation batch, on the bare model before DDP wraps it."""
     loader = DataLoader(wl.val_dataset, batch_size=cfg.batch_size, collate_fn=wl.collate_fn)
     batch = next(iter(loader), None)
     if batch is None:
@@ -147,8 +153,9 @@ def count_flops(wl: Workload, model: nn.Module, cfg: TrialConfig, device: torch.
 
 
 def flops_metrics(final: dict[str, Any], wl: Workload, peak: float | None, per_item: float | None) -> dict[str, float]:
-    """Achieved TFLOP/s where the FLOPs per item are known (declared or counted); MFU where every
-    rank's peak is known too."""
+    """Return achieved TFLOP/s where the FLOPs per item are known (declared or counted).
+
+    MFU too, where every rank's peak is known."""
     if per_item is None:
         return {}
     achieved = final[contract.throughput_key(wl.unit)] * per_item

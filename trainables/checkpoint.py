@@ -1,6 +1,8 @@
-"""A trial's checkpoint: saved by rank 0 every `checkpoint_every_steps` measured steps and handed to
-the reporter with that report; a resumed trial reads it at start and applies it when warm-up ends
-(warm-up runs again in the fresh process, then its updates are undone)."""
+"""A trial's checkpoint: saved by rank 0 and read back by a resumed trial.
+
+Rank 0 saves it every `checkpoint_every_steps` measured steps and hands it to the reporter with that report;
+a resumed trial reads it at start and applies it when warm-up ends (warm-up runs again in the fresh process,
+then its updates are undone)."""
 
 from __future__ import annotations
 

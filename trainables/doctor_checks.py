@@ -183,8 +183,9 @@ def copy_bandwidth(dev: Device, sizes_mib: tuple[int, ...], budget_s: float) -> 
 
 
 def decode_rate(budget_s: float, num_images: int, image_size: int = 32) -> float:
-    """Samples/s one core decodes and augments with image-cnn's own pipeline (PNG decode, reflect-pad,
-    random crop, flip, normalise) on freshly written files: one loader worker's ceiling."""
+    """Measure the samples/s one core decodes and augments with image-cnn's own pipeline.
+
+    PNG decode, reflect-pad, random crop, flip, normalise, on freshly written files: one loader worker's ceiling."""
     from trainables.workloads.declared import ImageCnnParams
     from trainables.workloads.image_cnn import ImageFolderDataset, ensure_image_files
 
@@ -325,8 +326,9 @@ def host_facts(storage_path: str, shm_path: str = "/dev/shm") -> tuple[dict[str,
 
 
 def gpu_facts(devices: list[Device], nvml: Any, uuids: list[str]) -> tuple[dict[str, Any], list[str]]:
-    """GPU model, count, memory, CUDA/NCCL, and what NVML offers for each GPU found by UUID (nvml None:
-    NVML missing or failing, a finding: GPU telemetry will be absent)."""
+    """Return GPU model, count, memory, CUDA/NCCL, and what NVML offers for each GPU found by UUID.
+
+    nvml None: NVML missing or failing, a finding: GPU telemetry will be absent."""
     from trainables.sampler import GpuIdentity, NvmlDevice
 
     gpus = [d for d in devices if d.kind == "cuda"]
@@ -374,8 +376,9 @@ class NodeReport:
     findings: list[str] = field(default_factory=list)
 
     def attempt(self, name: str, fn: Callable[[], Any]) -> Any:
-        """Run one measurement; its failure is a finding named `name`, never a traceback (the doctor's
-        whole point is to report what fails)."""
+        """Run one measurement; its failure is a finding named `name`, never a traceback.
+
+        The doctor's whole point is to report what fails."""
         try:
             return fn()
         except Exception as exc:  # noqa: BLE001 - every failure here is a finding about the machine
@@ -457,10 +460,11 @@ def _size_label(nbytes: int) -> str:
 
 
 def provoke_oom(dev: Device) -> tuple[str, str]:
-    """Ask the device's allocator for far more than it has; (exception type name, message) of what it
-    raised. On a GPU it fills the device 1 GiB at a time (the caching allocator's real out-of-memory
-    path), then frees all of it; on a CPU one 1 EiB request fails up front (filling host memory would
-    wake the kernel's OOM killer, not torch's allocator)."""
+    """Ask the device's allocator for far more than it has, and return (exception type name, message).
+
+    On a GPU it fills the device 1 GiB at a time (the caching allocator's real out-of-memory path), then frees
+    all of it; on a CPU one 1 EiB request fails up front (filling host memory would wake the kernel's OOM killer,
+    not torch's allocator)."""
     held: list[torch.Tensor] = []
     try:
         if dev.kind == "cuda":

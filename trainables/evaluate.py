@@ -22,10 +22,11 @@ Loader = Callable[[], Any]  # -> a DataLoader over this rank's validation shard
 
 @torch.no_grad()
 def validate(t: Built, loader: Loader) -> dict[str, float]:
-    """`loss/val` and the workload's `eval/<name>` metrics, each the item-weighted mean over the
-    whole validation set (every rank's shard), so a token-mean loss stays a token mean. On the bare
-    model: DDP's forward may broadcast buffers (BatchNorm), and ranks whose shards differ in batches
-    would then pair mismatched collectives."""
+    """Compute `loss/val` and the workload's `eval/<name>` metrics over the whole validation set.
+
+    Each is the item-weighted mean over every rank's shard, so a token-mean loss stays a token mean. On the bare
+    model: DDP's forward may broadcast buffers (BatchNorm), and ranks whose shards differ in batches would then
+    pair mismatched collectives."""
     model, wl, prec, device, pin = t.m.model, t.m.wl, t.prec, t.device, t.pin
     step, count = t.m.step_fn, t.m.count
     _, world_size = world()
@@ -67,8 +68,9 @@ def validate(t: Built, loader: Loader) -> dict[str, float]:
 
 
 class Evaluator:
-    """Periodic evaluation every `eval_every_steps` optimizer steps (warm-up included) and the target:
-    its clock counts from the first step, evaluations included. `run()` validates (a collective) and
+    """Periodic evaluation every `eval_every_steps` optimizer steps (warm-up included), and the target.
+
+    The target's clock counts from the first step, evaluations included. `run()` validates (a collective) and
     reads the target from the all-reduced value, so every rank decides alike."""
 
     def __init__(self, cfg: TrialConfig, timer: StepTimer, validate_now: Callable[[], dict[str, float]]) -> None:
@@ -88,8 +90,9 @@ class Evaluator:
         return bool(self.cfg.eval_every_steps) and step % self.cfg.eval_every_steps == 0
 
     def run(self, step: int) -> dict[str, Any]:
-        """Evaluate now (outside the measured window's time); returns what the report after it carries
-        (with report_evals: the values and the time-to-target clock, the curve ASHA compares)."""
+        """Evaluate now (outside the measured window's time) and return what the report after it carries.
+
+        With report_evals: the values and the time-to-target clock, the curve ASHA compares."""
         cfg = self.cfg
         with self.timer.paused() as t_eval:
             self.last = self._validate()

@@ -34,8 +34,9 @@ def _cpu_attention_formulas() -> dict[Any, Callable[..., int]]:
 
 def flops_per_item(model: nn.Module, step_fn: Callable[[nn.Module, Any], Any], batch: Any,
                    count_items: Callable[[Any], int]) -> float | None:
-    """Training FLOPs (forward + backward) per item of `batch`, counted by `torch.utils.flop_counter`
-    on one step; None where counting fails or finds nothing to count.
+    """Count the training FLOPs (forward + backward) per item of `batch` on one step.
+
+    Counted by `torch.utils.flop_counter`; None where counting fails or finds nothing to count.
 
     Pass the bare model (before DDP or `torch.compile`) and a batch already on its device. The
     counter sees matmuls, convolutions and attention (what dominates and what the peak measures),

@@ -1,5 +1,7 @@
-"""What measures a trial while it trains, beside its step clock: the NVML/psutil sampler, the gradient
-noise scale and the all-reduce wait timer (DDP's comm hook), each absent where off."""
+"""What measures a trial while it trains, beside its step clock.
+
+The NVML/psutil sampler, the gradient noise scale and the all-reduce wait timer (DDP's comm hook), each
+absent where off."""
 
 from __future__ import annotations
 

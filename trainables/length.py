@@ -30,8 +30,10 @@ MAX_EXTENSIONS = 20  # times a plan short of min_window_s may be extended when i
 
 
 def data_plan(budget: int, seen_warm: float, warmup_steps: int) -> tuple[int, float]:
-    """Equal data: the measured steps that complete `budget` after warm-up saw `seen_warm` items (all
-    ranks), and the items the last of them takes (0: a whole step). Warm-up's items per step is the rate."""
+    """Plan equal data: the measured steps that complete `budget`, and the items the last of them takes.
+
+    Warm-up saw `seen_warm` items (all ranks); the last step takes the returned items (0: a whole step).
+    Warm-up's items per step is the rate."""
     per_step = seen_warm / max(warmup_steps, 1)
     remaining = budget - seen_warm
     if remaining <= 0 or per_step <= 0:  # warm-up alone used the budget: one measured step, whole
@@ -42,8 +44,9 @@ def data_plan(budget: int, seen_warm: float, warmup_steps: int) -> tuple[int, fl
 
 
 def tail_micros(need: int, per_micro: int, accum: int) -> int:
-    """Micro-batches the last step of an equal-data budget runs to take `need` items on this rank
-    (the same on every rank: both figures are)."""
+    """Return the micro-batches the last step of an equal-data budget runs to take `need` items on this rank.
+
+    The same on every rank: both figures are."""
     return min(accum, max(1, math.ceil(need / max(per_micro, 1))))
 
 
@@ -80,7 +83,9 @@ class TrialLength:
         return self.warm_max_s > 0 and 2 <= step < self.warmup_steps
 
     def box_warmup(self, step: int, warm_s: float) -> None:
-        """`warm_s`: the timed warm-up steps' seconds so far (steps 1 .. step - 1, max over ranks). Warm-up
+        """End warm-up now if one more step would pass its time box.
+
+        `warm_s`: the timed warm-up steps' seconds so far (steps 1 .. step - 1, max over ranks). Warm-up
         ends now if one more step at their mean would pass the box: it never outlasts the box by a step."""
         if warm_s * step / (step - 1) > self.warm_max_s:
             self.warmup_steps = step
@@ -93,8 +98,10 @@ class TrialLength:
 
     # --- the plan, when warm-up ends
     def plan(self, seen_warm: float | None, warm_step_s: float | None) -> int:
-        """Plan the measured steps from warm-up's items (all ranks; with an equal-data budget) and its step
-        time (max over ranks; None when warm-up was too short to time). Returns the sub-window cadence."""
+        """Plan the measured steps from warm-up's items and step time, and return the sub-window cadence.
+
+        Warm-up's items are counted over all ranks (with an equal-data budget); its step time is the max over ranks
+        (None when warm-up was too short to time)."""
         cfg = self.cfg
         if cfg.num_items and seen_warm is not None:  # equal data: the steps that complete the budget
             self.planned, last_items = data_plan(cfg.num_items, seen_warm, self.warmup_steps)
@@ -120,8 +127,10 @@ class TrialLength:
         return max(1, (self.planned - self.done_before) // SUB_WINDOWS)
 
     def fix_lr_end(self, schedule_step: int) -> None:
-        """Warm-up ended with the schedule at `schedule_step` (a resumed trial's: the checkpoint's): its
-        last step is the planned measured steps after that, whatever this attempt's warm-up length."""
+        """Fix the schedule's last step once warm-up ended with the schedule at `schedule_step`.
+
+        A resumed trial's `schedule_step` is the checkpoint's. Its last step is the planned measured steps after
+        that, whatever this attempt's warm-up length."""
         self.lr_end = schedule_step + self.planned - self.done_before
 
     def micro_plan(self, step: int) -> tuple[int, int]:
@@ -143,16 +152,19 @@ class TrialLength:
         return self.total(measured) < self.planned
 
     def extend_due(self, measured: int) -> bool:
-        """The plan ran out: is the window to be checked against min_window_s, or against the box (a window
-        planned from warm-up's step time that ran faster than warm-up runs on toward max_window_s, within
-        num_steps)?"""
+        """Tell whether the plan ran out with the window still to be checked against min_window_s or the box.
+
+        The box: a window planned from warm-up's step time that ran faster than warm-up runs on toward max_window_s,
+        within num_steps."""
         aims = self.min_s > 0 or (self.max_s > 0 and self.planned < self.cfg.num_steps)
         return aims and self.total(measured) == self.planned and self.extended < MAX_EXTENSIONS
 
     def extend(self, window_s: float, measured: int) -> bool:
-        """`window_s` agreed over ranks. Short of min_window_s (or well short of the box): run on at the rate
-        since the last check (a stall early in the window would make the mean step look slow and the
-        extension short); toward the box, never past num_steps nor past the box."""
+        """Extend the plan where the window (`window_s`, agreed over ranks) is short; return whether it did.
+
+        Short of min_window_s (or well short of the box): run on at the rate since the last check (a stall early in
+        the window would make the mean step look slow and the extension short); toward the box, never past num_steps
+        nor past the box."""
         short_of_min = window_s < self.min_s
         short_of_box = self.max_s > 0 and window_s < 0.9 * self.max_s and self.planned < self.cfg.num_steps
         if not (short_of_min or short_of_box):
@@ -172,8 +184,9 @@ class TrialLength:
         return True
 
     def cap_due(self, measured: int, sub_windows: int, marked: bool) -> bool:
-        """At a sub-window mark: is the window to be checked against max_window_s? Never before the
-        throughput's spread has its sub-windows, nor at the plan's last step (it ends anyway)."""
+        """Tell whether, at a sub-window mark, the window is to be checked against max_window_s.
+
+        Never before the throughput's spread has its sub-windows, nor at the plan's last step (it ends anyway)."""
         return self.max_s > 0 and marked and sub_windows >= MIN_SUB_WINDOWS and self.more_after(measured)
 
     def cap(self, window_s: float, measured: int) -> None:

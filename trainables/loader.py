@@ -1,6 +1,7 @@
-"""The trial's data loading: a DataLoader per rank (sharded, shuffled, timed out), its batches epoch after
-epoch, a loader worker's death said as the loader failure it is, and its workers shut down when the
-trial ends."""
+"""The trial's data loading: a DataLoader per rank (sharded, shuffled, timed out), and its batches.
+
+Its batches come epoch after epoch, a loader worker's death is said as the loader failure it is, and its
+workers are shut down when the trial ends."""
 
 from __future__ import annotations
 
@@ -70,10 +71,11 @@ def stream(loader: DataLoader[Any], sampler: DistributedSampler[Any] | None,
 
 
 def handed_over(loader: DataLoader[Any]) -> Iterator[Any]:
-    """The loader's batches. A worker that dies while it hands a batch over through shared memory can
-    surface as the hand-over's connection reset rather than as torch's "DataLoader worker (pid(s) ...)
-    exited unexpectedly" (seen on a loaded 2-core machine): said the same way, so it reads, and is
-    classified, as the loader failure it is."""
+    """Yield the loader's batches, a worker's death during a hand-over said as the loader failure it is.
+
+    A worker that dies while it hands a batch over through shared memory can surface as the hand-over's
+    connection reset rather than as torch's "DataLoader worker (pid(s) ...) exited unexpectedly" (seen on a
+    loaded 2-core machine): said the same way, so it reads, and is classified, as the loader failure it is."""
     it = iter(loader)
     while True:
         try:
@@ -91,8 +93,9 @@ def handed_over(loader: DataLoader[Any]) -> Iterator[Any]:
 
 
 def close_loader(loader: DataLoader[Any], batches: Iterator[Any]) -> None:
-    """Shut the loader's worker processes down now rather than at garbage collection: after a
-    failure, the traceback keeps the iterator (and PyTorch's SIGCHLD watch over its workers) alive."""
+    """Shut the loader's worker processes down now rather than at garbage collection.
+
+    After a failure, the traceback keeps the iterator (and PyTorch's SIGCHLD watch over its workers) alive."""
     close = getattr(batches, "close", None)
     if close is not None:
         close()

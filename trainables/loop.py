@@ -64,18 +64,16 @@ from trainables.loop_errors import DivergedError
 from trainables.noise_scale import grads_sq
 from trainables.reporting import Reporter, priced
 from trainables.trace import Tracer
-from trainables.window import MeasuredWindow, all_reduce, spread
-
-_spread = spread  # the name tests import from here
+from trainables.window import MeasuredWindow, all_reduce
 
 
 def _make_schedule(optimizer: torch.optim.Optimizer, cfg: TrialConfig,
-                   length: TrialLength | None = None) -> torch.optim.lr_scheduler.LambdaLR | None:
+                   length: TrialLength) -> torch.optim.lr_scheduler.LambdaLR | None:
     """Linear warm-up over `lr_warmup_steps`, then constant or cosine to 0 at the trial's last step.
     Multiplies each param group's own lr, so a workload's per-group rates keep their ratios.
     The trial's length (warm-up steps, the measured steps' horizon) is read at each step: warm-up
     ending sets it."""
-    warm, length = cfg.lr_warmup_steps, length if length is not None else TrialLength(cfg, 1)
+    warm = cfg.lr_warmup_steps
     if warm == 0 and cfg.lr_schedule == "constant":
         return None
 
@@ -92,6 +90,7 @@ def _make_schedule(optimizer: torch.optim.Optimizer, cfg: TrialConfig,
 
 class Where:
     """Where a rank is in the loop: the phase, then the step (and micro-batch) as the spine sets it.
+
     An exception leaving the loop carries `label` as `sweeps_where`."""
 
     __slots__ = ("label",)
@@ -105,8 +104,10 @@ class Where:
 
 def train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: dict[str, str] | None = None,
           resume_from: str | None = None) -> dict[str, Any]:
-    """Train `cfg.num_warmup_steps + cfg.num_steps` steps (or what the trial's length rules instead:
-    `trainables.length`) and return the final report.
+    """Train one trial and return the final report.
+
+    It trains `cfg.num_warmup_steps + cfg.num_steps` steps (or what the trial's length rules instead:
+    `trainables.length`).
 
     `facts` (strings, e.g. the launcher's node id) join rank 0's device facts in the final report.
     With `cfg.checkpoint_every_steps`, every that many measured steps rank 0 saves model, optimizer,

@@ -1,5 +1,7 @@
-"""What the DDP comm hook reads: the gradient noise scale (McCandlish et al. 2018, app. A) and the
-gradient all-reduce's wait that backward did not hide, both at almost no cost.
+"""What the DDP comm hook reads: the gradient noise scale and the all-reduce's unhidden wait.
+
+The gradient noise scale (McCandlish et al. 2018, app. A) and the gradient all-reduce's wait that backward
+did not hide, both at almost no cost.
 
 A gradient estimated from B items has expected squared norm E|g_B|^2 = |G|^2 + tr(Sigma)/B, where G
 is the true gradient and Sigma the per-item gradient covariance. Two batch sizes give two such
@@ -53,8 +55,10 @@ def estimates(small_sq: float, big_sq: float, b_small: float, b_big: float) -> t
 
 @dataclass
 class NoiseScale:
-    """Accumulates squared norms per optimizer step on the device (no host sync), and turns each
-    report window into smoothed estimates on the host.
+    """Smoothed gradient noise scale from squared gradient norms per optimizer step.
+
+    It accumulates squared norms per optimizer step on the device (no host sync), and turns each report window
+    into smoothed estimates on the host.
 
     `beta` is the EMA decay per optimizer step; a window of n steps counts as n steps at its mean."""
 
@@ -83,8 +87,9 @@ class NoiseScale:
 
     # --- per report window -------------------------------------------------------------------
     def window_sums(self) -> list[float]:
-        """This rank's [sum small, sum big, valid steps] since the last call (the caller all-reduces);
-        a step whose norms are not finite (fp16 overflow) is left out."""
+        """Return this rank's [sum small, sum big, valid steps] since the last call (the caller all-reduces).
+
+        A step whose norms are not finite (fp16 overflow) is left out."""
         steps, self._steps = self._steps, []
         if not steps:
             return [0.0, 0.0, 0.0]
@@ -94,8 +99,9 @@ class NoiseScale:
         return torch.stack([small[ok].sum(), big[ok].sum(), ok.double().sum()]).tolist()  # type: ignore[no-any-return]
 
     def update(self, small_mean: float, big_mean: float, steps: float, b_small: float, b_big: float) -> float | None:
-        """Fold one window (mean squared norms over `steps` valid steps) into the EMA; the smoothed
-        B_simple, or None while it cannot be estimated (no steps yet, or |G|^2 not positive)."""
+        """Fold one window (mean squared norms over `steps` valid steps) into the EMA.
+
+        Returns the smoothed B_simple, or None while it cannot be estimated (no steps yet, or |G|^2 not positive)."""
         if steps > 0 and b_big > b_small > 0 and math.isfinite(small_mean) and math.isfinite(big_mean):
             g2, trace = estimates(small_mean, big_mean, b_small, b_big)
             decay = self.beta ** steps
@@ -109,8 +115,10 @@ class NoiseScale:
 
 
 class CommTimer:
-    """The wait, per optimizer step, from the last gradient bucket's all-reduce launch to the end of
-    `backward()` (module doc); kept per step without a host sync and summed per report window."""
+    """The all-reduce wait backward did not hide, per optimizer step.
+
+    The wait runs from the last gradient bucket's all-reduce launch to the end of `backward()` (module doc); it is
+    kept per step without a host sync and summed per report window."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
@@ -162,10 +170,11 @@ def _sq(t: torch.Tensor) -> torch.Tensor:
 
 
 def ddp_hook(state: HookState, bucket):  # type: ignore[no-untyped-def]
-    """DDP's default all-reduce (average over ranks), reading the bucket's squared norm before
-    (this rank's small-batch gradient) and after (the global one), and when it was launched.
-    Unannotated `bucket` and return: DDP compares real annotations with `dist.GradBucket`/`Future`,
-    and this module's are strings."""
+    """DDP's default all-reduce (average over ranks), reading the bucket's squared norms and launch time.
+
+    It reads the bucket's squared norm before (this rank's small-batch gradient) and after (the global one), and
+    when it was launched. Unannotated `bucket` and return: DDP compares real annotations with
+    `dist.GradBucket`/`Future`, and this module's are strings."""
     noise, buf = state.noise, bucket.buffer()
     if noise is not None:
         noise.add_small(_sq(buf))

@@ -29,8 +29,9 @@ class Precision:
     allow_tf32: bool
 
     def apply_matmul_flags(self) -> dict[str, str]:
-        """Set TF32 on or off for this process (strict "32" really means fp32) and return the flags
-        now in effect, as tags: what a trial's numbers were measured under, not what was meant."""
+        """Set TF32 on or off for this process and return the flags now in effect, as tags.
+
+        Strict "32" really means fp32. The tags say what a trial's numbers were measured under, not what was meant."""
         if self.device_type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = self.allow_tf32
             torch.backends.cudnn.allow_tf32 = self.allow_tf32
@@ -58,8 +59,9 @@ class Precision:
     @staticmethod
     def step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None, model: torch.nn.Module,
              max_grad_norm: float, force: bool = False) -> None:
-        """Unscale (to clip the true gradients), clip, step, update the scale. `force`: step even where
-        the scaler would skip (a memory probe must allocate the optimizer's state)."""
+        """Unscale (to clip the true gradients), clip, step, update the scale.
+
+        `force`: step even where the scaler would skip (a memory probe must allocate the optimizer's state)."""
         if scaler is not None and (max_grad_norm > 0 or force):
             scaler.unscale_(optimizer)
         if max_grad_norm > 0:

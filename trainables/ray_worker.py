@@ -38,12 +38,14 @@ class _QuietRayExit:
 
 
 def quiet_ray_exit() -> None:
-    """Keep Ray's ending of this process (a trial's actor, or a Ray Train rank) out of the sweep's output. Tune ends a trial's
-    actor by removing its placement group; the raylet then sends the process SIGTERM (SIGKILL 200 ms later),
-    and Ray's handler raises `SystemExit(1)` in the main thread at its next Python instruction. Where that
-    is inside a weakref callback (a collected `WeakSet` member's `_remove`), Python cannot raise it: it prints
-    "Exception ignored in ... SystemExit: 1" with a traceback to the worker's stderr, which Ray forwards to
-    the driver's console, while the process ends all the same (ray-project/ray#13487). Idempotent."""
+    """Keep Ray's ending of this process (a trial's actor, or a Ray Train rank) out of the sweep's output.
+
+    Tune ends a trial's actor by removing its placement group; the raylet then sends the process SIGTERM
+    (SIGKILL 200 ms later), and Ray's handler raises `SystemExit(1)` in the main thread at its next Python
+    instruction. Where that is inside a weakref callback (a collected `WeakSet` member's `_remove`), Python
+    cannot raise it: it prints "Exception ignored in ... SystemExit: 1" with a traceback to the worker's stderr,
+    which Ray forwards to the driver's console, while the process ends all the same (ray-project/ray#13487).
+    Idempotent."""
     if not isinstance(sys.unraisablehook, _QuietRayExit):
         sys.unraisablehook = _QuietRayExit(sys.unraisablehook)
 

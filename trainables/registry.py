@@ -54,8 +54,10 @@ def check_name(name: str) -> None:
 
 @dataclass(frozen=True)
 class Declaration:
-    """What a trainable says about itself before it runs. `params` maps each declared param to its
-    default (None: the trainable declares nothing, so any params are accepted)."""
+    """What a trainable says about itself before it runs.
+
+    `params` maps each declared param to its default (None: the trainable declares nothing, so any params are
+    accepted)."""
 
     unit: str | None
     params: dict[str, Any] | None

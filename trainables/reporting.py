@@ -17,8 +17,9 @@ from trainables.contract import CHECKPOINT_FILE, money_metrics
 
 class Reporter(Protocol):
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None = None) -> None:
-        """Every rank calls this at the same points; `checkpoint_dir` (rank 0 only) holds a
-        checkpoint to keep, valid only during the call."""
+        """Hand on one report; every rank calls this at the same points.
+
+        `checkpoint_dir` (rank 0 only) holds a checkpoint to keep, valid only during the call."""
 
 
 class JsonlReporter:
@@ -63,8 +64,9 @@ class MultiReporter:
 
 
 class PricedReporter:
-    """Adds the money figures (`contract.money_metrics`) to every report, from the trial's hourly price:
-    each report the loop hands on carries them, to Tune's searcher and to MLflow alike."""
+    """Adds the money figures (`contract.money_metrics`) to every report, from the trial's hourly price.
+
+    Each report the loop hands on carries them, to Tune's searcher and to MLflow alike."""
 
     def __init__(self, reporter: Reporter, usd_per_hour: float) -> None:
         self._reporter, self._usd_per_hour = reporter, usd_per_hour

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 logger = logging.getLogger(__name__)
-_MIB = 1024**2
 _GIB = 1024**3
 _IGNORED_CLOCK_REASONS = ("GpuIdle", "ApplicationsClocksSetting", "UserDefinedClocks", "None")
 
@@ -139,9 +138,10 @@ class NvmlDevice:
             self._call(lambda: self.nvml.nvmlGpmSampleFree(prev))
 
     def clock_reason_names(self, mask: int) -> list[str]:
-        """The clock-event reasons in `mask` that limit performance, one name per bit. NVML names some
-        bits twice (UserDefinedClocks is ApplicationsClocksSetting): a bit any of whose names is not a
-        throttle (idle, clocks the user set) is never reported, whatever alias it is met under."""
+        """Return the clock-event reasons in `mask` that limit performance, one name per bit.
+
+        NVML names some bits twice (UserDefinedClocks is ApplicationsClocksSetting): a bit any of whose names is not
+        a throttle (idle, clocks the user set) is never reported, whatever alias it is met under."""
         aliases: dict[int, set[str]] = {}
         for attr in dir(self.nvml):
             if attr.startswith("nvmlClocksEventReason") and attr != "nvmlClocksEventReasonAll":
@@ -161,8 +161,9 @@ def _str(v: Any) -> str:
 
 
 class CpuReader:
-    """CPU use of this worker process and of its children (dataloader workers), in % of a core; and, as
-    counters for contention (`node_busy_s`, `own_cpu_s`), the CPU seconds every process of the node has
+    """Reads CPU use of this worker process and of its children (dataloader workers), in % of a core.
+
+    And, as counters for contention (`node_busy_s`, `own_cpu_s`), the CPU seconds every process of the node has
     used (steal included: a hypervisor's other guests) and those this process and its children have."""
 
     def __init__(self) -> None:

@@ -32,8 +32,9 @@ class StepTimer:
         self.steps = 0
 
     def now(self, sync: bool = False) -> float:
-        """The timer's clock: host time, after the device's queued work when `sync` (CUDA steps are
-        asynchronous: without it a step looks as fast as the host can queue it)."""
+        """Return the timer's clock: host time, after the device's queued work when `sync`.
+
+        CUDA steps are asynchronous: without `sync` a step looks as fast as the host can queue it."""
         if sync:
             self._sync()
         return self._clock()
@@ -59,8 +60,10 @@ class StepTimer:
 
     @contextlib.contextmanager
     def paused(self, report: bool = False) -> Iterator[float]:
-        """Time spent inside is not training time: left out of `elapsed_s` (synchronised at both ends);
-        `report`: handing a report on, which the window's time box still counts (`box_s`)."""
+        """Leave the time spent inside out of `elapsed_s`: it is not training time.
+
+        Synchronised at both ends. `report`: handing a report on, which the window's time box still counts
+        (`box_s`)."""
         self._sync()
         t = self._clock()
         yield t
@@ -82,8 +85,10 @@ class StepTimer:
         return self._clock() - self._t0 - self.paused_s
 
     def box_s(self) -> float:
-        """What the window has cost against its time box: training and the handing on of reports (a
-        report path that waits must not stretch a boxed trial), evaluations left out as before."""
+        """Return what the window has cost against its time box.
+
+        Training and the handing on of reports (a report path that waits must not stretch a boxed trial),
+        evaluations left out as before."""
         return self.elapsed_s() + self.report_wait_s
 
 
@@ -111,9 +116,11 @@ def combine_ranks(summaries: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def other_cores(summaries: list[dict[str, Any]]) -> float | None:
-    """Cores that processes outside the trial kept busy on its busiest node over the window: each node's busy
-    cores (every rank there reads the same counter: their mean) less what the trial's ranks there and their
-    loader workers used. None when a rank could not measure it (telemetry off, a window of one sample)."""
+    """Return the cores that processes outside the trial kept busy on its busiest node over the window.
+
+    Each node's busy cores (every rank there reads the same counter: their mean) less what the trial's ranks
+    there and their loader workers used. None when a rank could not measure it (telemetry off, a window of one
+    sample)."""
     if not summaries or any("_node_busy_cores" not in s for s in summaries):
         return None
     nodes: dict[str, list[dict[str, Any]]] = {}
@@ -172,9 +179,10 @@ class Telemetry:
         self._copy_events.append((start, end))
 
     def rank_summary(self, elapsed_s: float, since_last: bool) -> dict[str, Any]:
-        """This rank's figures over the samples since the last call (`since_last`: an interim report)
-        or over the whole measured window (the final report); `elapsed_s` is that window's length.
-        Memory peaks are the peaks so far."""
+        """Return this rank's figures since the last call, or over the whole measured window.
+
+        Since the last call with `since_last` (an interim report), else over the whole measured window (the final
+        report); `elapsed_s` is that window's length. Memory peaks are the peaks so far."""
         from trainables.sampler import summarize
 
         start = self._mark if since_last else 0

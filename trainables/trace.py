@@ -112,8 +112,10 @@ def _clip(spans: Spans, lo: float, hi: float) -> Spans:
 
 
 def split(trace: dict[str, Any]) -> dict[str, float]:
-    """Where one rank's traced steps' wall time went (module doc), on a CPU or a GPU trace: the four parts
-    (`<part>_pct`, summing to 100), `comm_pct`, `memcpy_pct` (a GPU trace's only) and `wall_ms` per step."""
+    """Split where one rank's traced steps' wall time went (module doc), on a CPU or a GPU trace.
+
+    The four parts (`<part>_pct`, summing to 100), `comm_pct`, `memcpy_pct` (a GPU trace's only) and `wall_ms`
+    per step."""
     every = trace.get("traceEvents", [])
     events = [e for e in every if e.get("ph") == "X" and "dur" in e]
     threads = {(e.get("pid"), e.get("tid")): str(e.get("args", {}).get("name", ""))
@@ -201,9 +203,10 @@ def _start(prof: Any) -> None:
 
 
 class Tracer:
-    """Profiles the last `steps` warm-up steps of one rank (after one profiler warm-up step) and, at the
-    warm-up's end, splits and keeps its trace. Every rank calls `before`, `after` and `finish` at the
-    same steps (`finish` holds the window's collectives: an all-reduce of every rank's split)."""
+    """Profiles the last `steps` warm-up steps of one rank, and at warm-up's end splits and keeps its trace.
+
+    One profiler warm-up step comes first. Every rank calls `before`, `after` and `finish` at the same steps
+    (`finish` holds the window's collectives: an all-reduce of every rank's split)."""
 
     def __init__(self, steps: int, trace_dir: str | None, rank: int, world: int, device: torch.device) -> None:
         self.steps, self.trace_dir, self.rank, self.world, self.device = steps, trace_dir, rank, world, device
@@ -218,11 +221,13 @@ class Tracer:
         self.evaluated = False  # an evaluation took a step the trace could have held
 
     def before(self, step: int, warmup_steps: int, evaluates: Callable[[int], bool] = lambda step: False) -> None:
-        """Before step `step` of warm-up (which is now expected to end at `warmup_steps`: max_warmup_s may move
-        that end closer as steps are timed): start the profiler so that its warm-up step and then `steps`
-        traced steps are the last of warm-up, or, where the end came closer than planned, as many as still fit.
-        `evaluates(k)`: an evaluation runs before step k (inside step k's span): no traced step holds one, so
-        the trace moves to the latest steps without one, or, where none hold `steps`, holds fewer."""
+        """Start the profiler, where due, before step `step` of warm-up.
+
+        Warm-up is now expected to end at `warmup_steps` (max_warmup_s may move that end closer as steps are timed).
+        The profiler starts so that its warm-up step and then `steps` traced steps are the last of warm-up, or, where
+        the end came closer than planned, as many as still fit. `evaluates(k)`: an evaluation runs before step k
+        (inside step k's span): no traced step holds one, so the trace moves to the latest steps without one, or,
+        where none hold `steps`, holds fewer."""
         if not self.steps or self.first is not None or self.skipped:
             return
         latest = warmup_steps - 1 - self.steps  # the start that makes the traced steps the last of warm-up
@@ -262,9 +267,10 @@ class Tracer:
                 self.traced += 1
 
     def finish(self, all_reduce: Any) -> dict[str, Any]:
-        """At the warm-up's end, on every rank: stop the profiler, keep this rank's trace, split it, and
-        combine every rank's split (`all_reduce(values, device, op)`). Returns the final report's trace
-        figures (rank 0's say; every rank computes them), or why there are none."""
+        """Stop the profiler at the warm-up's end, on every rank, and return the trace figures.
+
+        Keep this rank's trace, split it, and combine every rank's split (`all_reduce(values, device, op)`). Returns
+        the final report's trace figures (rank 0's say; every rank computes them), or why there are none."""
         if not self.steps:  # off (every rank alike): no collective, nothing said
             return {}
         t0 = time.perf_counter()
@@ -323,8 +329,9 @@ class Tracer:
         return out
 
     def close(self) -> None:
-        """The trial ended before warm-up did (a failure, a target met in warm-up): stop the profiler, no
-        collective, no figures."""
+        """Stop the profiler when the trial ended before warm-up did: no collective, no figures.
+
+        The trial ended early through a failure, or a target met in warm-up."""
         if self.prof is not None:
             try:
                 self.prof.stop()

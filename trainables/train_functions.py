@@ -59,8 +59,9 @@ _DRIVER_DIR = "where `sweeps run` started; in a job: its working directory"
 
 
 def enter_workdir(workdir: str | None) -> str:
-    """Make `workdir` (the sweep driver's working directory) this process's, if it is on this node;
-    else Ray's run folder stays, with a warning. Returns what relative paths resolve against, in words."""
+    """Make `workdir` (the sweep driver's working directory) this process's, if it is on this node.
+
+    Else Ray's run folder stays, with a warning. Returns what relative paths resolve against, in words."""
     if workdir is None:
         return "Ray's run folder"
     if os.path.isdir(workdir):
@@ -72,8 +73,10 @@ def enter_workdir(workdir: str | None) -> str:
 
 
 def missing_file(exc: FileNotFoundError, origin: str) -> WorkloadError:
-    """A `WorkloadError` (kind `config`) naming the missing file and the directory relative paths resolve
-    against. A DataLoader worker's error arrives re-raised with its traceback as text: its last line says it."""
+    """Build a `WorkloadError` (kind `config`) naming the missing file and where relative paths resolve.
+
+    The directory relative paths resolve against is named. A DataLoader worker's error arrives re-raised with its
+    traceback as text: its last line says it."""
     if exc.filename is not None:
         what = f"{exc.strerror or 'No such file or directory'}: {exc.filename!r}"
     else:
@@ -108,8 +111,10 @@ def _ignored_hint(filename: str | None) -> str:
 
 @contextlib.contextmanager
 def naming_workdir(origin: str) -> Iterator[None]:
-    """Turn a FileNotFoundError out of the trial (the user's build, dataset, loader workers) into
-    `missing_file`'s error, which says where relative paths resolved (`origin`: what that is)."""
+    """Turn a FileNotFoundError out of the trial into `missing_file`'s error.
+
+    The error may come from the user's build, dataset or loader workers. `missing_file`'s error says where
+    relative paths resolved (`origin`: what that is)."""
     try:
         yield
     except FileNotFoundError as exc:
@@ -121,10 +126,11 @@ def clean_failure(exc: BaseException | None) -> bool:
 
 
 def reset_between_trials(device: torch.device) -> None:
-    """What one trial could leave for the next: compiled graphs and their caches, cached device
-    memory and its peak statistics, garbage holding the old model. Seeds, TF32/matmul flags, thread
-    counts, loader workers, the sampler thread and the model's hooks are set up (or torn down) by
-    the loop itself for every trial."""
+    """Clear what one trial could leave for the next in a warm group's process.
+
+    Compiled graphs and their caches, cached device memory and its peak statistics, garbage holding the old
+    model. Seeds, TF32/matmul flags, thread counts, loader workers, the sampler thread and the model's hooks are
+    set up (or torn down) by the loop itself for every trial."""
     gc.collect()
     torch.compiler.reset()
     if device.type == "cuda":
@@ -134,8 +140,10 @@ def reset_between_trials(device: torch.device) -> None:
 
 
 class QueueReporter:
-    """Sends rank 0's reports to the trial's driver through the queue; every rank learns at each
-    report whether the driver cancelled the trial (so all of them stop at the same step)."""
+    """Sends rank 0's reports to the trial's driver through the queue.
+
+    Every rank learns at each report whether the driver cancelled the trial (so all of them stop at the same
+    step)."""
 
     def __init__(self, queue: Any, trial_id: str, rank: int, world: int, checkpoint_dir: Path) -> None:
         self.queue, self.trial_id, self.rank, self.world = queue, trial_id, rank, world
@@ -173,8 +181,9 @@ def _next_item(take: Any, rank: int, world: int, device: torch.device) -> Any:
 
 
 def cold_worker(config: dict[str, Any]) -> None:
-    """Ray Train's train function for a trial in a Train run of its own (`scaling.reuse_workers: false`):
-    the shared loop (`trainables.ray_worker`) in the driver's working directory (`config`: the trial's
+    """Ray Train's train function for a trial in a Train run of its own (`scaling.reuse_workers: false`).
+
+    It runs the shared loop (`trainables.ray_worker`) in the driver's working directory (`config`: the trial's
     config under "trial", the directory under `WORKDIR`)."""
     from trainables.ray_worker import train_worker
 
@@ -184,8 +193,9 @@ def cold_worker(config: dict[str, Any]) -> None:
 
 
 def pool_worker(config: dict[str, Any]) -> None:
-    """Ray Train's train function for a warm group (`config`: the queue handle, the slot, the group
-    number, the driver's working directory)."""
+    """Ray Train's train function for a warm group.
+
+    `config`: the queue handle, the slot, the group number, the driver's working directory."""
     import ray
     import ray.train
     import ray.train.torch

@@ -36,8 +36,9 @@ def all_reduce(values: list[float], device: torch.device, op: str = "sum") -> li
 
 
 def kept_marks(marks: list[tuple[float, int, int]]) -> list[tuple[float, int, int]]:
-    """Marks taken before an extension of the plan are denser: merged so every sub-window spans about as
-    many steps as the last."""
+    """Merge the marks taken before an extension of the plan, which are denser.
+
+    They are merged so every sub-window spans about as many steps as the last."""
     if len(marks) < 2:
         return list(marks)
     width = marks[-1][2] - marks[-2][2]
@@ -49,8 +50,9 @@ def kept_marks(marks: list[tuple[float, int, int]]) -> list[tuple[float, int, in
 
 
 def spread(marks: list[tuple[float, int, int]], device: torch.device) -> float | None:
-    """The throughput's coefficient of variation (%) over sub-windows of equal steps (items summed over
-    ranks, each span the slowest rank's); absent with fewer than 3."""
+    """Return the throughput's coefficient of variation (%) over sub-windows of equal steps.
+
+    Items are summed over ranks, each span the slowest rank's; absent with fewer than 3."""
     if len(marks) < 4:
         return None
     kept = kept_marks(marks)
@@ -149,9 +151,11 @@ class MeasuredWindow:
         return self.timer.steps % self.report_every == 0
 
     def report(self, steps_reported: int, final: bool = False) -> dict[str, Any]:
-        """One window per report: an interim report covers the steps since the previous report
-        (throughput, step time, data wait, telemetry and energy alike); the final one the whole
-        measured window. loss/train is the mean over the steps since the previous report."""
+        """Return one window per report: the steps since the previous report, or the whole measured window.
+
+        An interim report covers the steps since the previous report (throughput, step time, data wait, telemetry
+        and energy alike); the final one the whole measured window. loss/train is the mean over the steps since the
+        previous report."""
         timer, unit, world_size = self.timer, self.unit, self.world
         elapsed = timer.elapsed_s()
         if final and self.telemetry is not None:

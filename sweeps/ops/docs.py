@@ -1,7 +1,8 @@
-"""The documentation's reference pages, generated from the code, never written by hand: every spec key
-(from the pydantic models' own field descriptions and the loop knobs' one declaration), the CLI (from
-its argument parser), the metrics (from `trainables.metrics.METRICS`), the exit codes and failure kinds
-(from `sweeps.exits` and `sweeps.service.failures`).
+"""Generate the documentation's reference pages from the code; they are never written by hand.
+
+Every spec key (from the pydantic models' own field descriptions and the loop knobs' one declaration), the
+CLI (from its argument parser), the metrics (from `trainables.metrics.METRICS`), the exit codes and failure
+kinds (from `sweeps.exits` and `sweeps.service.failures`).
 
     python -m sweeps.ops.docs            # write docs/reference/*.md
     python -m sweeps.ops.docs --check    # exit 1 naming each page that is stale (tests/ops/test_docs.py runs it)

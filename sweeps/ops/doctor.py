@@ -1,5 +1,6 @@
-"""`sweeps doctor`: what this machine, or each node of a Ray cluster, can do; and, with `--gpu-checks`,
-whether every GPU path the service depends on works there.
+"""Run `sweeps doctor`: report what this machine, or each node of a Ray cluster, can do.
+
+With `--gpu-checks` it also checks whether every GPU path the service depends on works there.
 
 Locally it measures in this process (no Ray). With `--address` it runs one Ray task per alive node,
 pinned to it; the matmul peaks are measured on the first node of each GPU type. Every failure is a
@@ -92,8 +93,9 @@ def loop_runs(gpu: bool, num_gpus: int, bf16: bool) -> dict[str, LoopRun]:
 
 
 def run_loop(run: LoopRun, data_dir: str, timeout_s: float) -> tuple[dict[str, Any] | None, str]:
-    """(final report or None, the command and, on failure, its last error line). Killed, with every
-    process it started, if it outlives `timeout_s`."""
+    """Run the loop's check command and return (final report or None, the command, its last error line on failure).
+
+    The command is killed, with every process it started, if it outlives `timeout_s`."""
     with tempfile.TemporaryDirectory(prefix="doctor-loop-") as tmp:
         out = Path(tmp) / "metrics.jsonl"
         launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={run.nproc}"] if run.nproc > 1 else []
@@ -132,8 +134,10 @@ def _finite_loss(r: dict[str, Any]) -> bool:
 def run_checks(facts: dict[str, Any], figures: dict[str, float], quick: bool,
                loop: Callable[[LoopRun, str, float], tuple[dict[str, Any] | None, str]] = run_loop,
                oom: Callable[[], tuple[str, str]] | None = None) -> list[Check]:
-    """Every GPU path the service depends on, on this node; on a CPU node the CPU subset, and each
-    GPU-only check skipped with its reason. `loop` and `oom` are injectable (tests fake a GPU node)."""
+    """Check every GPU path the service depends on, on this node.
+
+    On a CPU node only the CPU subset runs, and each GPU-only check is skipped with its reason. `loop` and `oom`
+    are injectable (tests fake a GPU node)."""
     gpu = facts.get("device/type") == "cuda"
     num_gpus = int(facts.get("gpu/count", 0))
     bf16 = not gpu or float(facts.get("gpu/capability", "0")) >= 8.0
@@ -234,8 +238,9 @@ def run_local(quick: bool, gpu_checks: bool, storage_path: str) -> dict[str, Any
 
 
 def run_cluster(address: str, quick: bool, gpu_checks: bool, storage_path: str) -> dict[str, Any]:
-    """One task per alive node of the cluster at `address`, pinned to it; a node that dies or hangs
-    mid-check is a finding."""
+    """Run the checks as one task per alive node of the cluster at `address`, pinned to it.
+
+    A node that dies or hangs mid-check is a finding."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -265,8 +270,10 @@ def run_cluster(address: str, quick: bool, gpu_checks: bool, storage_path: str) 
 
 def gather(pending: dict[Any, str], wait: Callable[..., tuple[list[Any], list[Any]]], get: Callable[[Any], Any],
            cancel: Callable[..., Any], timeout_s: float) -> dict[str, Any]:
-    """Each node's report as its task ends; a task that raised (its node died, its worker crashed) or
-    outlived `timeout_s` becomes a finding naming the node."""
+    """Collect each node's report as its task ends.
+
+    A task that raised (its node died, its worker crashed) or outlived `timeout_s` becomes a finding naming
+    the node."""
     nodes, findings = [], []
     deadline = time.monotonic() + timeout_s
     left = list(pending)
@@ -337,8 +344,10 @@ def evidence_markdown(report: dict[str, Any], command: str) -> str:
 
 
 def log_mlflow(report: dict[str, Any], tracking_uri: str) -> str:
-    """One run per check (tag `doctor`); one hardware key's figures as its metrics, or with several keys a
-    child run per key. The whole report is the run's `doctor.json` artifact. Returns the run id."""
+    """Log a doctor report to MLflow and return the run id.
+
+    One run per check (tag `doctor`); one hardware key's figures as its metrics, or with several keys a
+    child run per key. The whole report is the run's `doctor.json` artifact."""
     from mlflow.entities import Metric, RunTag
 
     from sweeps.store import open_store

@@ -1,7 +1,8 @@
-"""Whether a trial was measured while other work shared its node or its GPUs (`contention/*`, measured by each
-rank while its window ran: `trainables.telemetry.other_cores`), and what the answer says about a ranking that
-rests on such trials. A figure that could not be measured is absent, and then the answer says contention is
-not known, never that there was none."""
+"""Tell whether a trial was measured while other work shared its node or its GPUs.
+
+The figures are `contention/*`, measured by each rank while its window ran (`trainables.telemetry.other_cores`);
+this module says what the answer says about a ranking that rests on such trials. A figure that could not be
+measured is absent, and then the answer says contention is not known, never that there was none."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ CONTENDED_TAG = "sweep.contended"  # on a trial's run: what else used its node o
 
 
 def contended(metrics: dict[str, Any]) -> str:
-    """What else used the trial's node or GPUs while it was measured, in words; "" when nothing did, or when it
-    was not measured (`measured_contention` tells those apart)."""
+    """Say in words what else used the trial's node or GPUs while it was measured.
+
+    "" when nothing did, or when it was not measured (`measured_contention` tells those apart)."""
     said = []
     cores, procs = metrics.get(CPU_OTHER_CORES), metrics.get(GPU_OTHER_PROCS)
     if isinstance(cores, (int, float)) and cores >= OTHER_CORES_LIMIT:
@@ -34,8 +36,10 @@ def measured_contention(metrics: dict[str, Any]) -> bool:
 
 
 def contention_sentence(outcome: SweepOutcome) -> str:
-    """The answer's line on contention: which of the trials the ranking rests on were measured while other work
-    shared their node (and what to do), or that contention was not measured; "" when the ranking is clean."""
+    """Write the answer's line on contention; "" when the ranking is clean.
+
+    The line says which of the trials the ranking rests on were measured while other work shared their node
+    (and what to do), or that contention was not measured."""
     ranked = outcome.ranked()
     if not ranked:
         return ""

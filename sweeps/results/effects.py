@@ -92,10 +92,11 @@ def _reference(knob: str, levels: list[Any]) -> Any:
 
 @dataclass(frozen=True)
 class Effect:
-    """The objective at `value` of `knob` over the objective at `reference`, all else equal (`ratio`),
-    with its own 95% interval (`low`-`high`), the interval that holds at 95% jointly with every other
-    comparison of the fit (`joint_low`-`joint_high`, over `family` comparisons) and how many measured
-    trials had each level. For a slope (`value` "x2"), the ratio per doubling of the knob."""
+    """One knob's measured effect: the objective at `value` of `knob` over the objective at `reference`.
+
+    `ratio` is that quotient, all else equal, with its own 95% interval (`low`-`high`), the interval that holds
+    at 95% jointly with every other comparison of the fit (`joint_low`-`joint_high`, over `family` comparisons)
+    and how many measured trials had each level. For a slope (`value` "x2"), the ratio per doubling of the knob."""
 
     knob: str
     value: Any
@@ -127,8 +128,9 @@ class Effect:
 
 
 class Effects:
-    """The fit (see the module doc) of `metric` over `rows` on `knobs`; `fit` returns None where nothing
-    can be separated."""
+    """The fit (see the module doc) of `metric` over `rows` on `knobs`.
+
+    `fit` returns None where nothing can be separated."""
 
     def __init__(self, terms: list[tuple[str, Any]], coef: np.ndarray, cov: np.ndarray, dof: int,
                  counts: dict[tuple[str, Any], int], references: dict[str, Any]) -> None:
@@ -182,8 +184,9 @@ class Effects:
         return cls(terms, coef[1:], cov[1:, 1:], dof, counts, references)
 
     def between(self, knob: str, here: Any, there: Any) -> Effect | None:
-        """The objective at `there` over the objective at `here` for `knob`; None where the fit has no such
-        levels (a level no measured trial had, a knob that did not vary)."""
+        """Return the objective at `there` over the objective at `here` for `knob`.
+
+        None where the fit has no such levels (a level no measured trial had, a knob that did not vary)."""
         a, b = _level(here), _level(there)
         if (knob, _PER_DOUBLING) in self._index:
             if not (isinstance(a, float) and isinstance(b, float) and a > 0 and b > 0):
@@ -232,7 +235,8 @@ class Effects:
 
 
 def worse(effect: Effect, mode: str) -> bool:
-    """Whether the effect is clearly worse for an objective of `mode` ("max": higher is better): its joint
-    interval (see the module doc) on the wrong side of 1, so that with many knobs and nothing real, at least
-    95% of sweeps veto no suggestion."""
+    """Tell whether the effect is clearly worse for an objective of `mode` ("max": higher is better).
+
+    Clearly worse: its joint interval (see the module doc) on the wrong side of 1, so that with many knobs and
+    nothing real, at least 95% of sweeps veto no suggestion."""
     return effect.joint_high < 1.0 if mode == "max" else effect.joint_low > 1.0

@@ -1,7 +1,8 @@
-"""The sweep's figures in money, from the spec's prices (`sweeps.spec.cost`): what each trial and the
-whole sweep cost, the planned cost before it starts, and the answer's sentence on the cheapest
-configuration. Per-report figures (dollars per hour, per million items, to the target) come from the loop
-itself (`trainables.contract.money_metrics`), so the search can rank by them; this module adds what needs
+"""The sweep's figures in money, from the spec's prices (`sweeps.spec.cost`).
+
+What each trial and the whole sweep cost, the planned cost before it starts, and the answer's sentence on the
+cheapest configuration. Per-report figures (dollars per hour, per million items, to the target) come from the
+loop itself (`trainables.contract.money_metrics`), so the search can rank by them; this module adds what needs
 the sweep: wall times, the trials compared, the plan."""
 
 from __future__ import annotations
@@ -54,16 +55,19 @@ def predicted_usd(metrics: dict[str, Any]) -> dict[str, float]:
 
 
 def groups_usd(spec: SweepSpec, lives: list[tuple[Any, float, bool]]) -> float:
-    """What the warm groups held: each group's devices (its ranks, its type, the loader share every group is
-    started with) from asking for them to its end, between its trials too. The trials ran inside the groups,
-    and so did the memory probe: this is all a sweep with warm groups held."""
+    """Price what the warm groups held, from asking for them to their end, between their trials too.
+
+    Each group's devices: its ranks, its type, the loader share every group is started with. The trials ran
+    inside the groups, and so did the memory probe: this is all a sweep with warm groups held."""
     return sum(usd_per_hour(spec, str(kind), int(size), 0) * float(seconds) / 3600.0
                for (size, kind), seconds, _ in lives)
 
 
 def sweep_total(earlier: list[float | None], this_run: float, this_run_whole: bool) -> tuple[float, str]:
-    """What the sweep cost across its drivers (a resumed sweep's earlier runs, `earlier`, then this one), and
-    why that is a lower bound ("" when it is the whole cost): a driver killed outright never said what it held."""
+    """Return what the sweep cost across its drivers, and why that is a lower bound.
+
+    The drivers are a resumed sweep's earlier runs (`earlier`), then this one. The reason is "" when it is the
+    whole cost: a driver killed outright never said what it held."""
     lost = sum(v is None for v in earlier)
     total = this_run + sum(v for v in earlier if v is not None)
     why = []
@@ -75,8 +79,9 @@ def sweep_total(earlier: list[float | None], this_run: float, this_run_whole: bo
 
 
 def money_key(outcome: SweepOutcome) -> str | None:
-    """The figure trials are compared on in money: dollars to the target where the objective is a time
-    to target, else dollars per million items; None when no finished trial has it."""
+    """Return the figure trials are compared on in money, or None when no finished trial has it.
+
+    That is dollars to the target where the objective is a time to target, else dollars per million items."""
     spec = outcome.spec
     unit = next((u for u in ("samples", "tokens") if any(throughput_key(u) in t.metrics for t in outcome.ranked())), None)
     key = USD_TO_TARGET if spec.objective.time_to_target else usd_per_million_key(unit) if unit else None
@@ -103,9 +108,10 @@ def md_text(text: str) -> str:
 
 
 def mispriced(spec: SweepSpec, t: TrialRow) -> str:
-    """Why a GPU trial's price may not be its device's: the GPU it reported (`device/name`) is not the type it
-    was priced as (an unpinned trial is priced as the one GPU type priced, wherever it ran); "" when they agree
-    or either is unknown."""
+    """Say why a GPU trial's price may not be its device's; "" when they agree or either is unknown.
+
+    The GPU it reported (`device/name`) is not the type it was priced as (an unpinned trial is priced as the one
+    GPU type priced, wherever it ran)."""
     kind = priced_type(spec, str(t.params.get("accelerator_type") or ""))
     name = t.metrics.get("device/name")
     if not spec.scaling.use_gpu or not kind or not isinstance(name, str) or not name:
@@ -115,9 +121,11 @@ def mispriced(spec: SweepSpec, t: TrialRow) -> str:
 
 
 def money_sentence(outcome: SweepOutcome, configuration: Callable[[TrialRow], str], md: bool = True) -> str:
-    """The answer in money: the cheapest finished trial that is not degraded, what it costs, and how much
-    cheaper it is than the fastest; then what the sweep cost and whose prices said so. Markdown (the MLflow
-    description), or plain text for a terminal (`md=False`). Empty when the sweep has no prices."""
+    """Write the answer in money; empty when the sweep has no prices.
+
+    The cheapest finished trial that is not degraded, what it costs, and how much cheaper it is than the fastest;
+    then what the sweep cost and whose prices said so. Markdown (the MLflow description), or plain text for a
+    terminal (`md=False`)."""
     spec, key = outcome.spec, money_key(outcome)
     if spec.cost is None or key is None:
         return ""
@@ -157,10 +165,11 @@ def money_sentence(outcome: SweepOutcome, configuration: Callable[[TrialRow], st
 
 
 def planned_usd(spec: SweepSpec, trials: int, boxed_s: float, counts: list[int]) -> str:
-    """The planned cost's words in money: what `trials` trials of at most `boxed_s` seconds of training each
-    cost at the spec's prices (`counts`: the space's worker counts; a range only where the space searches
-    what a trial's price depends on: its type, its ranks, and without warm groups its loader workers);
-    "" unpriced."""
+    """Put the planned cost in money; "" unpriced.
+
+    What `trials` trials of at most `boxed_s` seconds of training each cost at the spec's prices (`counts`: the
+    space's worker counts; a range only where the space searches what a trial's price depends on: its type, its
+    ranks, and without warm groups its loader workers)."""
     if spec.cost is None or not boxed_s:
         return ""
     loaders = sorted({int(v) for v in param_values(spec.space.held("num_dataloader_workers"))})

@@ -108,8 +108,9 @@ def same(a: Any, b: Any) -> bool:
 
 
 def twins(a: TrialRow, b: TrialRow, knob: str) -> bool:
-    """The two trials differ at most in `knob` among the params that change a step's speed (a param only
-    one of them logged counts as a difference)."""
+    """Tell whether two trials differ at most in `knob` among the params that change a step's speed.
+
+    A param only one of them logged counts as a difference."""
     keys = (a.params.keys() | b.params.keys()) - NOT_SPEED - {knob}
     return all(k in a.params and k in b.params and same(a.params[k], b.params[k]) for k in keys)
 

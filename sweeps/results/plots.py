@@ -403,10 +403,11 @@ def _trials_html(outcome: SweepOutcome, base: str, local: bool, experiment_id: s
 
 def summary_html(outcome: SweepOutcome, images: dict[str, bytes], skipped: list[str],
                  experiment_id: str | None = None) -> str:
-    """One self-contained page (figures embedded, no dependency) that renders inside MLflow's artifact
-    viewer: the answer, the trials (sortable, each linked to its MLflow run), the best configuration
-    as a spec fragment, verdicts, the next step, the figures. Run links go to the tracking server when
-    it is one; for a local store, to the UI the page is viewed in, else to the `mlflow ui` the CLI
+    """Build summary.html: one self-contained page that renders inside MLflow's artifact viewer.
+
+    Figures embedded, no dependency: the answer, the trials (sortable, each linked to its MLflow run), the best
+    configuration as a spec fragment, verdicts, the next step, the figures. Run links go to the tracking server
+    when it is one; for a local store, to the UI the page is viewed in, else to the `mlflow ui` the CLI
     prints (http://127.0.0.1:5000)."""
     spec = outcome.spec
     served = outcome.tracking_uri.startswith(("http://", "https://"))
@@ -455,9 +456,10 @@ def write_pareto(outcome: SweepOutcome, target: Path) -> None:
 
 
 def publish(outcome: SweepOutcome, client: Any, out_dir: Path | None = None, log: bool = True) -> Path | None:
-    """Write the figures and summary.html into `out_dir` (returned), and with `log` log them under `report/`
-    on the parent run. Without `out_dir` they are written to a temporary folder, removed once logged
-    (None is returned): MLflow keeps them."""
+    """Write the figures and summary.html into `out_dir` (returned), and with `log` log them.
+
+    They are logged under `report/` on the parent run. Without `out_dir` they are written to a temporary folder,
+    removed once logged (None is returned): MLflow keeps them."""
     if out_dir is None:
         with tempfile.TemporaryDirectory(prefix="sweep-report-") as tmp:
             _write_report(outcome, client, Path(tmp), log)

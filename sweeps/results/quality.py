@@ -1,5 +1,4 @@
-"""Figures across trials, once they have ended: the convergence guardrail, predicted time to target
-and scaling efficiency.
+"""Figures across ended trials: the convergence guardrail, predicted time to target and scaling efficiency.
 
 All need several trials, so the sweep computes them at its end (and `sweeps report` reads them back
 from MLflow). No Ray, no torch.
@@ -204,8 +203,9 @@ def throughput(row: TrialRow) -> tuple[str, float] | None:
 
 
 def scaling_twin(row: TrialRow, rows: list[TrialRow]) -> TrialRow | None:
-    """The measured twin with the fewest ranks below `row`'s (the lowest trial number on ties); None when
-    `row` was not measured or none ran fewer ranks."""
+    """Return the measured twin with the fewest ranks below `row`'s (the lowest trial number on ties).
+
+    None when `row` was not measured or none ran fewer ranks."""
     n, mine = workers(row), throughput(row)
     if row.status not in MEASURED or n is None or mine is None:
         return None
@@ -234,6 +234,7 @@ def scaling(outcome: SweepOutcome) -> int:
 
 def annotate(outcome: SweepOutcome) -> tuple[str, dict[str, tuple[dict[str, float], dict[str, str]]]]:
     """Run the guardrail, the prediction and the scaling efficiency on a finished sweep's rows (in place).
+
     Returns the guardrail's note and, per MLflow run id, the metrics and tags to log on that child run."""
     note = guardrail(outcome)
     predict(outcome)

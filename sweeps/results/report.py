@@ -69,8 +69,9 @@ def status_text(t: TrialRow) -> str:
 
 
 def space_keys(outcome: SweepOutcome) -> list[str]:
-    """Every knob the spec's `space` sets, fixed or searched, in its order: the loop's knobs, then the
-    trainable's own `params.<name>`."""
+    """Return every knob the spec's `space` sets, fixed or searched, in its order.
+
+    The loop's knobs come first, then the trainable's own `params.<name>`."""
     space = outcome.spec.space
     return [k for k in KNOBS if getattr(space, k) is not None] + [PARAMS_PREFIX + k for k in space.params]
 
@@ -81,11 +82,12 @@ def logged_value(t: TrialRow, key: str) -> Any:
 
 
 def knob_split(outcome: SweepOutcome) -> tuple[list[str], dict[str, Any]]:
-    """The knobs that took more than one value over the sweep's trials (the tables' columns, in the spec's
-    `space` order) and those every trial ran alike ({knob: its one value}, said once as "Same in every
-    trial"). `lr_effective` joins them where lr_scaling made it differ from the searched lr. A trial that
-    did not log a knob differs there from one that did (its cell shows "-"); a knob no trial logged is in
-    neither."""
+    """Split the knobs into those that varied over the sweep's trials and those every trial ran alike.
+
+    The knobs that took more than one value are the tables' columns, in the spec's `space` order; the others
+    come as {knob: its one value}, said once as "Same in every trial". `lr_effective` joins them where
+    lr_scaling made it differ from the searched lr. A trial that did not log a knob differs there from one that
+    did (its cell shows "-"); a knob no trial logged is in neither."""
     keys = space_keys(outcome)
     trials = outcome.trials
     keys += [p for p in QUALITY_PARAMS if any(p in t.params and t.params[p] != t.params.get("lr") for t in trials)]
@@ -109,10 +111,10 @@ def same_in_every_trial(outcome: SweepOutcome) -> str:
 
 
 def table_rows(outcome: SweepOutcome) -> tuple[list[str], list[tuple[TrialRow, list[Any]]]]:
-    """The trials table, shared by the terminal and summary.html: its header, and per trial (ranked
-    first, best first, then the rest) the raw cell values. One column per knob that varied
-    (`knob_split`); quality columns appear only when some trial has them; a figure a trial does not
-    have is None (shown as "-")."""
+    """Build the trials table shared by the terminal and summary.html: its header and each trial's raw cells.
+
+    Trials come ranked first, best first, then the rest. One column per knob that varied (`knob_split`);
+    quality columns appear only when some trial has them; a figure a trial does not have is None (shown as "-")."""
     obj = outcome.spec.objective
     metric = obj.primary
     noise = [m for m in NOISE_METRICS if any(m in t.metrics for t in outcome.trials)]
@@ -135,8 +137,10 @@ def table_rows(outcome: SweepOutcome) -> tuple[list[str], list[tuple[TrialRow, l
 
 
 def trials_table(outcome: SweepOutcome) -> str:
-    """The terminal's trials table (`sweeps run`, `sweeps report`): the knobs that varied as columns,
-    what every trial shared in one line under it, then the verdicts and why trials failed."""
+    """Render the terminal's trials table (`sweeps run`, `sweeps report`).
+
+    The knobs that varied are its columns, what every trial shared is one line under it, then the verdicts and
+    why trials failed."""
     head, rows = table_rows(outcome)
     cells = [[_fmt(v) if i else ("-" if v is None else str(v)) for i, v in enumerate(r)] for _, r in rows]
     for (t, _), c in zip(rows, cells, strict=True):
@@ -162,8 +166,9 @@ def trials_table(outcome: SweepOutcome) -> str:
 
 
 def effects_said(outcome: SweepOutcome) -> list[str]:
-    """Each searched knob's measured effect on the objective (`sweeps.results.effects`): first how it was found,
-    then one line per level; empty where the trials cannot separate the knobs."""
+    """Say each searched knob's measured effect on the objective (`sweeps.results.effects`).
+
+    First how it was found, then one line per level; empty where the trials cannot separate the knobs."""
     fx = sweep_effects(outcome)
     if fx is None:
         return []
@@ -191,8 +196,9 @@ def pareto_table(outcome: SweepOutcome) -> str:
 
 
 def pareto_records(outcome: SweepOutcome) -> list[dict[str, Any]]:
-    """The Pareto front (the best trial for one objective) as flat records for CSV/JSON, with every knob
-    of the spec's space (the same columns for every sweep of a spec, varied or not)."""
+    """Return the Pareto front (the best trial for one objective) as flat records for CSV/JSON.
+
+    Each record has every knob of the spec's space (the same columns for every sweep of a spec, varied or not)."""
     obj = outcome.spec.objective
     rows = outcome.pareto() if obj.multi else ([outcome.best] if outcome.best else [])
     return [{"trial": t.number, "trial_id": t.trial_id, "run_id": t.run_id,
@@ -201,9 +207,11 @@ def pareto_records(outcome: SweepOutcome) -> list[dict[str, Any]]:
 
 
 def best_fragment(outcome: SweepOutcome) -> str:
-    """The best configuration as a ready-to-paste `space:` section: every loop knob the trial logged and
-    the trainable's own `params` the spec's space held, typed as the spec wants them (`precision: '32'`,
-    not the number 32), so `sweeps validate` accepts it and the pasted spec runs what that trial ran."""
+    """Write the best configuration as a ready-to-paste `space:` section.
+
+    Every loop knob the trial logged and the trainable's own `params` the spec's space held, typed as the spec
+    wants them (`precision: '32'`, not the number 32), so `sweeps validate` accepts it and the pasted spec runs
+    what that trial ran."""
     best = outcome.best
     if best is None:
         return "no trial finished; nothing to recommend"
@@ -322,8 +330,9 @@ def to_json(outcome: SweepOutcome) -> dict[str, Any]:
 
 
 def next_steps(outcome: SweepOutcome, noise: bool = True) -> str:
-    """What to try next, from the best trial's verdict (the rules live in sweeps.results.verdict), and whether
-    the runner-up is as good (`noise`: say so here, where the answer is not shown beside it)."""
+    """Say what to try next, from the best trial's verdict, and whether the runner-up is as good.
+
+    The rules live in sweeps.results.verdict. `noise`: say so here, where the answer is not shown beside it."""
     best = outcome.best
     if best is None or not best.verdict:
         failed = next((t for t in sorted(outcome.trials, key=lambda t: t.number) if t.reason), None)
@@ -337,9 +346,10 @@ def next_steps(outcome: SweepOutcome, noise: bool = True) -> str:
 
 
 def within_noise(outcome: SweepOutcome) -> str:
-    """The sentence that says the best and the runner-up are within noise (the rule, `noise_tie`, is
-    argued in this module's docstring); empty when they are apart, the objective is not a throughput, a cv is missing, or
-    either is degraded (then the other is the answer)."""
+    """Say that the best and the runner-up are within noise, or return "" when they are not.
+
+    The rule, `noise_tie`, is argued in this module's docstring. Empty when they are apart, the objective is not
+    a throughput, a cv is missing, or either is degraded (then the other is the answer)."""
     ranked = outcome.ranked()
     if len(ranked) < 2 or degraded(ranked[0]) or degraded(ranked[1]):
         return ""
@@ -369,8 +379,10 @@ def throughput_metric(outcome: SweepOutcome) -> str | None:
 
 
 def baseline(outcome: SweepOutcome) -> TrialRow | None:
-    """The classic reference point: the finished fp32 trial with the smallest batch (then the fewest
-    loader workers, no compile): what a user runs before any tuning. None when no such trial finished."""
+    """Return the classic reference point, or None when no such trial finished.
+
+    That is the finished fp32 trial with the smallest batch (then the fewest loader workers, no compile): what
+    a user runs before any tuning."""
     fp32 = [t for t in outcome.ranked() if str(t.params.get("precision")) == "32"]
     return min(fp32, key=lambda t: (float(t.params.get("batch_size") or 0), float(t.params.get("num_dataloader_workers") or 0),
                                     str(t.params.get("compile")) == "True", t.number), default=None)
@@ -449,8 +461,9 @@ def answer(outcome: SweepOutcome) -> str:
 
 
 def ranks_sentence(outcome: SweepOutcome, t: TrialRow) -> str:
-    """How many ranks the trial runs on and how well they scale, where the sweep searched the worker count:
-    its efficiency against its twin on the fewest ranks measured, else that it is the fewest measured."""
+    """Say how many ranks the trial runs on and how well they scale, where the sweep searched the worker count.
+
+    Its efficiency against its twin on the fewest ranks measured, else that it is the fewest measured."""
     n = workers(t)
     if outcome.spec.space.num_workers is None or n is None:
         return ""

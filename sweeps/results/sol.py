@@ -33,15 +33,18 @@ KERNEL_ENV = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ONEDNN_CPU_ISA_HINTS", 
 
 
 def kernel_env(environ: Mapping[str, str] | None = None) -> str:
-    """The kernel-changing variables set in `environ` (default: this process's) as `NAME=value` words,
+    """Return the kernel-changing variables set in `environ` (default: this process's) as `NAME=value` words.
+
     "" where none is: figures measured under one setting never stand for another."""
     env = os.environ if environ is None else environ
     return " ".join(f"{k}={env[k]}" for k in KERNEL_ENV if env.get(k))
 
 
 def hardware_key(device_type: str, device_name: str) -> str:
-    """What doctor figures are filed under: the device type and model, e.g. `cuda:NVIDIA H100 80GB HBM3` or
-    `cpu:Intel(R) Xeon(R) Processor` (a trial's `device/type` and `device/name` tags give the same)."""
+    """Return what doctor figures are filed under: the device type and model.
+
+    E.g. `cuda:NVIDIA H100 80GB HBM3` or `cpu:Intel(R) Xeon(R) Processor` (a trial's `device/type` and
+    `device/name` tags give the same)."""
     return f"{device_type}:{device_name}"
 
 
@@ -72,9 +75,10 @@ def emulated_key(precision: str) -> str:
 
 
 def of_fp32_pct(d: Mapping[str, Any], precision: str) -> float | None:
-    """A mixed `precision`'s per-core matmul peak as % of fp32's: recorded (`ratio_key`, in figures or in
-    a trial's metrics, which `score` copies it onto) or computed from the two peaks; None on a GPU, for
-    any other precision, or where a peak is missing."""
+    """Return a mixed `precision`'s per-core matmul peak as % of fp32's.
+
+    Recorded (`ratio_key`, in figures or in a trial's metrics, which `score` copies it onto) or computed from the
+    two peaks; None on a GPU, for any other precision, or where a peak is missing."""
     if precision not in MIXED:
         return None
     pct = _num(d, ratio_key(precision))
@@ -85,8 +89,9 @@ def of_fp32_pct(d: Mapping[str, Any], precision: str) -> float | None:
 
 
 def emulated(d: Mapping[str, Any], precision: str) -> bool | None:
-    """Whether a mixed `precision` looked emulated on the CPU `d` (figures or a trial's metrics) describes,
-    by measurement: its matmul peak under `EMULATED_BELOW_PCT` of fp32's. Measured emulated, bf16 ran at
+    """Tell whether a mixed `precision` looked emulated on the CPU that `d` (figures or a trial's metrics) describes.
+
+    By measurement: its matmul peak under `EMULATED_BELOW_PCT` of fp32's. Measured emulated, bf16 ran at
     1-4% of fp32 (0.66-1.7 GFLOP/s per core); native, at 53% on an avx512_bf16 Xeon (84 vs 158: the
     quick 512-matmul under-reads native bf16) and far above 100% with AMX: a quarter leaves a wide margin
     either way. None where unknown (no claim either way)."""
@@ -95,20 +100,24 @@ def emulated(d: Mapping[str, Any], precision: str) -> bool | None:
 
 
 def held_to(d: Mapping[str, Any], precision: str) -> str:
-    """The precision whose peak a CPU trial at `precision` is scored against: fp32's for a mixed precision
-    whose own measured peak is below it, else its own. An emulated bf16/fp16 kernel converts to fp32 and
-    runs on the fp32 units (autocast leaves every op without a low-precision kernel in fp32 anyway), so
-    no trial beats the fp32 peak that way, while the one single-core matmul the figures time can fall to a
-    slower emulation kernel than a model's convolutions get: at 1.7 GFLOP/s per core (fp32 ~40) bf16
-    trials read 163-217% "of peak". A native kernel is at least as fast as fp32's in silicon, so its
-    measured peak below fp32's under-reads it (see `emulated`); where it measures above, nothing changes."""
+    """Return the precision whose peak a CPU trial at `precision` is scored against.
+
+    That is fp32's for a mixed precision whose own measured peak is below it, else its own. An emulated
+    bf16/fp16 kernel converts to fp32 and runs on the fp32 units (autocast leaves every op without a
+    low-precision kernel in fp32 anyway), so no trial beats the fp32 peak that way, while the one single-core
+    matmul the figures time can fall to a slower emulation kernel than a model's convolutions get: at 1.7 GFLOP/s
+    per core (fp32 ~40) bf16 trials read 163-217% "of peak". A native kernel is at least as fast as fp32's in
+    silicon, so its measured peak below fp32's under-reads it (see `emulated`); where it measures above, nothing
+    changes."""
     pct = of_fp32_pct(d, precision)
     return "32" if pct is not None and pct < 100.0 else precision
 
 
 def emulation_figures(figures: Mapping[str, Any]) -> dict[str, float]:
-    """Per mixed precision whose peak and fp32's were measured (a CPU): its `ratio_key` (% of fp32's) and
-    `emulated_key` (1.0 emulated, 0.0 native). Recorded beside the peaks; `score` copies them onto trials."""
+    """Return, per mixed precision whose peak and fp32's were measured (a CPU), how it compares with fp32.
+
+    Its `ratio_key` (% of fp32's) and `emulated_key` (1.0 emulated, 0.0 native). Recorded beside the peaks;
+    `score` copies them onto trials."""
     out: dict[str, float] = {}
     for p in MIXED:
         pct = of_fp32_pct(figures, p)
@@ -118,8 +127,10 @@ def emulation_figures(figures: Mapping[str, Any]) -> dict[str, float]:
 
 
 def annotate_node(figures: dict[str, float], facts: dict[str, Any]) -> None:
-    """Add to one doctor node's report what scoring reads from it: its `emulation_figures` beside the
-    peaks, and the kernel-changing variables it measured under (`KERNEL_ENV_FACT`, a tag on the run)."""
+    """Add to one doctor node's report what scoring reads from it.
+
+    Its `emulation_figures` beside the peaks, and the kernel-changing variables it measured under
+    (`KERNEL_ENV_FACT`, a tag on the run)."""
     figures.update(emulation_figures(figures))
     facts[KERNEL_ENV_FACT] = kernel_env() or NO_KERNEL_ENV
 
@@ -153,8 +164,9 @@ def _input_sol_pct(metrics: dict[str, Any], params: dict[str, Any], figures: dic
 
 
 def score(metrics: dict[str, Any], params: dict[str, Any], figures: dict[str, Any]) -> dict[str, float]:
-    """A trial's speed-of-light metrics against its hardware's doctor `figures` (`latest_figures` or
-    `quick_figures`). Each is absent, never 0, where an input is missing.
+    """Score a trial's speed of light against its hardware's doctor `figures`.
+
+    The figures are `latest_figures` or `quick_figures`. Each metric is absent, never 0, where an input is missing.
 
     - `perf/sol_pct` = achieved FLOP/s (`perf/tflops_per_s`) / measured peak FLOP/s for the trial's
       `precision`. On a GPU the peak is the per-device matmul figure x `progress/world_size` (one GPU per
@@ -187,8 +199,9 @@ def score(metrics: dict[str, Any], params: dict[str, Any], figures: dict[str, An
 
 
 def latest_figures(tracking_uri: str, hardware_key: str, kernels: str | None = None) -> dict[str, float] | None:
-    """The figures (metrics) of the newest doctor run for `hardware_key` in `tracking_uri`, or None
-    where the store has none (or cannot be read: scoring is then skipped, not the sweep). With `kernels`
+    """Return the figures (metrics) of the newest doctor run for `hardware_key` in `tracking_uri`.
+
+    None where the store has none (or cannot be read: scoring is then skipped, not the sweep). With `kernels`
     (this machine's `kernel_env()`), only a run measured under the same kernel-changing variables counts
     (a run that did not record them counts as measured under none); None: any run."""
     from mlflow.exceptions import MlflowException
@@ -210,8 +223,9 @@ def latest_figures(tracking_uri: str, hardware_key: str, kernels: str | None = N
 
 
 def quick_figures() -> dict[str, float]:
-    """A few figures measured here and now in <= 5 s on a CPU, for a sweep that finds no doctor run: the
-    strict fp32 and bf16 matmul peaks (per core, single-threaded, on a CPU; per device on a GPU), fp16's
+    """Measure a few figures here and now in <= 5 s on a CPU, for a sweep that finds no doctor run.
+
+    The strict fp32 and bf16 matmul peaks (per core, single-threaded, on a CPU; per device on a GPU), fp16's
     too on a CPU with native fp16, whether each looked emulated (`emulation_figures`), and the image decode
     rate per core. Run `sweeps doctor` for the full set."""
     from trainables.devinfo import cpu_isa_flags
@@ -247,8 +261,10 @@ QUICK_MAX_AGE_S = 7 * 24 * 3600
 
 
 def quick_cache_key(key: str) -> str:
-    """What quick figures are cached under: the hardware key, torch's version and the kernel-changing
-    variables (`kernel_env`): each picks other kernels, so other peaks (bf16 emulated or native)."""
+    """Return what quick figures are cached under.
+
+    The hardware key, torch's version and the kernel-changing variables (`kernel_env`): each picks other
+    kernels, so other peaks (bf16 emulated or native)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -259,9 +275,10 @@ def quick_cache_key(key: str) -> str:
 
 
 def cached_quick_figures(key: str) -> dict[str, float]:
-    """`quick_figures()` for this machine, kept for a week in the user's cache
-    ($XDG_CACHE_HOME/gpu-sweeps, else ~/.cache/gpu-sweeps) so each sweep does not pay the 3-5 s again;
-    one file per `quick_cache_key` (figures measured under `ONEDNN_MAX_CPU_ISA=AVX2` never stand in
+    """Return `quick_figures()` for this machine, kept for a week in the user's cache.
+
+    The cache is $XDG_CACHE_HOME/gpu-sweeps, else ~/.cache/gpu-sweeps, so each sweep does not pay the 3-5 s
+    again; one file per `quick_cache_key` (figures measured under `ONEDNN_MAX_CPU_ISA=AVX2` never stand in
     for those measured without it, nor the other way round)."""
     import hashlib
     import json
@@ -298,8 +315,10 @@ def _emulation_note(figures: dict[str, float]) -> str:
 
 
 class SpeedOfLight:
-    """The measured limits a sweep scores its trials against, per hardware key: the newest doctor run
-    in the tracking store, else (this machine only) a quick set measured once before the trials."""
+    """The measured limits a sweep scores its trials against, per hardware key.
+
+    The newest doctor run in the tracking store, else (this machine only) a quick set measured once before
+    the trials."""
 
     def __init__(self, tracking_uri: str, known: dict[str, dict[str, float]] | None = None,
                  sources: dict[str, str] | None = None) -> None:

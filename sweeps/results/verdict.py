@@ -1,5 +1,7 @@
-"""Bottleneck verdicts: one trial's from its own figures (the rules table, `sweeps.results.verdict_rules`), then,
-across the sweep, the next steps that another trial already measured worse replaced by that evidence.
+"""Bottleneck verdicts: one trial's from its own figures, then the sweep's evidence against its moves.
+
+One trial's verdict comes from the rules table (`sweeps.results.verdict_rules`); then, across the sweep, the
+next steps that another trial already measured worse are replaced by that evidence.
 
 **Scaling.** A trial with a twin on fewer ranks (`sweeps.results.quality.scaling_twin`) says its scaling
 efficiency against it, right after its facts: "scaling efficiency 62% of linear against 1 rank
@@ -48,8 +50,10 @@ from trainables.contract import THROUGHPUT_UNITS, cv_key_of, throughput_key
 
 @dataclass(frozen=True)
 class Verdict:
-    """What bounds a trial (`name`), the figures that say so, the moves to try and, once the sweep has
-    been read, the moves it measured worse, each as the evidence (`measured`)."""
+    """What bounds a trial (`name`), the figures that say so, and the moves to try.
+
+    Once the sweep has been read, it also holds the moves the sweep measured worse, each as the evidence
+    (`measured`)."""
 
     name: str
     facts: str
@@ -73,9 +77,10 @@ def _try(moves: tuple[Move, ...]) -> str:
 
 
 def verdict(metrics: dict[str, Any], params: dict[str, Any]) -> Verdict:
-    """What bounds a finished trial, and what to try that it does not already use: the first rule of
-    `sweeps.results.verdict_rules.RULES` that holds, read from the trace where a counter disagrees with it, and the
-    trace's split cited (`sweeps.results.verdict_rules.trace_view`)."""
+    """Say what bounds a finished trial, and what to try that it does not already use.
+
+    The first rule of `sweeps.results.verdict_rules.RULES` that holds, read from the trace where a counter
+    disagrees with it, and the trace's split cited (`sweeps.results.verdict_rules.trace_view`)."""
     followed, traced = trace_view(metrics)
     rule, figures = first_rule(followed, params)
     facts, moves = rule.advice(figures)
@@ -92,9 +97,10 @@ MAX_TAG_LEN = 5000
 
 
 def noise_tie(a: TrialRow, b: TrialRow, metric: str) -> tuple[float, float, float] | None:
-    """(gap %, cv of a, cv of b) when the two trials' `metric` differ by less than the larger of their
-    sub-window spreads (the gap relative to the lower value): a tie, not a finding. None when they
-    are apart, or a figure is missing (never a guessed spread)."""
+    """Tell whether two trials' `metric` are a tie within their noise: (gap %, cv of a, cv of b), or None.
+
+    A tie when they differ by less than the larger of their sub-window spreads (the gap relative to the lower
+    value): a tie, not a finding. None when they are apart, or a figure is missing (never a guessed spread)."""
     key = cv_key_of(metric)
     va, vb = _number(a.metrics.get(metric)), _number(b.metrics.get(metric))
     cv_a, cv_b = (_number(a.metrics.get(key)), _number(b.metrics.get(key))) if key else (None, None)
@@ -196,10 +202,11 @@ def _confirm(t: TrialRow, move: Move, rows: list[TrialRow]) -> str | None:
 
 
 def revise(rows: list[TrialRow], metric: str, mode: str, effects: Effects | None = None) -> dict[str, Verdict]:
-    """Each measured trial's verdict (by trial_id) with the moves a twin measured worse replaced by that
-    evidence, then those the sweep's measured `effects` (`sweeps.results.effects`) say are clearly worse replaced by
-    the effect, and the claims of the moves a twin measured faster said; `metric` and `mode` ("max"/"min")
-    are the objective's primary ones."""
+    """Revise each measured trial's verdict (by trial_id) against the rest of the sweep.
+
+    The moves a twin measured worse are replaced by that evidence, then those the sweep's measured `effects`
+    (`sweeps.results.effects`) say are clearly worse are replaced by the effect, and the claims of the moves a
+    twin measured faster are said; `metric` and `mode` ("max"/"min") are the objective's primary ones."""
     first = {t.trial_id: verdict(t.metrics, t.params) for t in rows if t.status in MEASURED}
     by_id = {t.trial_id: t for t in rows}
     refuted: dict[str, list[tuple[Move, TrialRow]]] = {}
@@ -251,16 +258,19 @@ def scaling_note(t: TrialRow, rows: list[TrialRow]) -> str:
 
 
 def sweep_effects(outcome: SweepOutcome) -> Effects | None:
-    """The searched knobs' effects on the objective across the sweep's measured trials (`sweeps.results.effects`),
-    by the names the trials logged them under (`params.<name>` as `workload.<name>`)."""
+    """Measure the searched knobs' effects on the objective across the sweep's measured trials.
+
+    See `sweeps.results.effects`. The knobs go by the names the trials logged them under (`params.<name>` as
+    `workload.<name>`)."""
     knobs = [f"workload.{k.removeprefix(PARAMS_PREFIX)}" if k.startswith(PARAMS_PREFIX) else k
              for k in outcome.spec.space.searched()]
     return Effects.fit(outcome.trials, knobs, outcome.spec.objective.primary)
 
 
 def revise_verdicts(outcome: SweepOutcome) -> dict[str, dict[str, str]]:
-    """Revise every finished trial's verdict against the whole sweep, in place (`row.verdict`), and return
-    the tags to log again on the child runs whose verdict changed (run_id -> tags).
+    """Revise every finished trial's verdict against the whole sweep, in place (`row.verdict`).
+
+    Returns the tags to log again on the child runs whose verdict changed (run_id -> tags).
 
     Only a verdict that is still this module's verdict for its trial's figures is revised: its
     text is the one-trial verdict, or a revision of it (a resumed sweep revises again with its new

@@ -62,8 +62,9 @@ _FASTER = {"32": ["bf16-mixed", "tf32"], "tf32": ["bf16-mixed"]}  # on a GPU; th
 
 @dataclass(frozen=True)
 class Move:
-    """One suggested next step: its words, and the knob and direction a sweep's trials can measure it by
-    (`toward` is UP, ON or the value the knob is set to); no knob: no trial can measure it."""
+    """One suggested next step: its words, and the knob and direction a sweep's trials can measure it by.
+
+    `toward` is UP, ON or the value the knob is set to; no knob: no trial can measure it."""
 
     text: str
     knob: str = ""
@@ -142,8 +143,9 @@ class Figures:
 
 
 def native_on_cpu(metrics: dict[str, Any], precision: str) -> tuple[bool, str] | None:
-    """Whether `precision` (bf16-mixed, 16-mixed) runs natively on the trial's CPU, and why that is said:
-    the machine's measured figures where known, else its ISA flags; None when neither is known."""
+    """Tell whether `precision` (bf16-mixed, 16-mixed) runs natively on the trial's CPU, and why that is said.
+
+    The machine's measured figures where known, else its ISA flags; None when neither is known."""
     isa, label = text(metrics.get("device/cpu_isa", "")).split(), PEAK_NAME[precision]
     has = next((f for f in _NATIVE_CPU_ISA[precision] if f in isa), None)
     of_fp32 = of_fp32_pct(metrics, precision)
@@ -343,10 +345,11 @@ _TRACED = ((DATA_WAIT_PCT, "trace/data_wait_pct", "data wait"),
 
 
 def trace_view(metrics: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """The figures the rules read, with the trace's where a counter disagrees with it by more than
-    `TRACE_DISAGREES_PTS` (the trace saw where each step's time went; a counter infers it), and what the
-    verdict says of the trace: its split, the rank that waited most, each disagreement. No trace: the
-    figures as they are, nothing said."""
+    """Return the figures the rules read, with the trace's where a counter disagrees with it.
+
+    The trace's figure wins where the two differ by more than `TRACE_DISAGREES_PTS` (the trace saw where each
+    step's time went; a counter infers it). Also returns what the verdict says of the trace: its split, the rank
+    that waited most, each disagreement. No trace: the figures as they are, nothing said."""
     compute = pct(metrics, "trace/compute_pct")
     if compute is None:
         return metrics, ""
@@ -373,8 +376,9 @@ def trace_view(metrics: dict[str, Any]) -> tuple[dict[str, Any], str]:
 
 
 def traced_span_ms(metrics: dict[str, Any]) -> float | None:
-    """How long the traced steps lasted: `trace/step_ms` x the steps of `trace/steps` ("3-4": 2); None
-    where either is missing."""
+    """Return how long the traced steps lasted, or None where either figure is missing.
+
+    `trace/step_ms` x the steps of `trace/steps` ("3-4": 2)."""
     step_ms, steps = pct(metrics, "trace/step_ms"), str(metrics.get("trace/steps") or "")
     first, _, last = steps.partition("-")
     if step_ms is None or not first.isdigit() or not (last or first).isdigit():

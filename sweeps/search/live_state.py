@@ -23,9 +23,10 @@ from sweeps.spec import PARAMS_PREFIX
 
 
 def oom_key(knobs: dict[str, Any]) -> tuple[Any, ...]:
-    """What, besides the batch size, decides whether a trial fits in memory: precision, compile,
-    the trainable's own params in the space (a wider model runs out of memory at a smaller batch)
-    and the number of ranks (per-rank memory changes little with it, but DDP's buckets and the
+    """Return what, besides the batch size, decides whether a trial fits in memory.
+
+    Precision, compile, the trainable's own params in the space (a wider model runs out of memory at a smaller
+    batch) and the number of ranks (per-rank memory changes little with it, but DDP's buckets and the
     collectives' buffers do: not assumed), and the accelerator type (another device, another memory). Not
     grad_accum_steps: a micro-batch's activations are the same whether gradients accumulate."""
     own = tuple(sorted((k, str(v)) for k, v in knobs.items() if k.startswith(PARAMS_PREFIX)))
@@ -64,9 +65,10 @@ class SearchState:
         self.oom_bounds[key] = min(self.oom_bounds.get(key, int(knobs["batch_size"])), int(knobs["batch_size"]))
 
     def record_probe(self, knobs: dict[str, Any], oom_batch: int | None, measured: bool = True) -> None:
-        """What the memory probe learnt about the memory settings of `knobs`: `oom_batch`, the smallest
-        batch it saw run out of memory (None: every batch it tried fit); `measured`, whether it found their
-        frontier (False when another failure stopped it, so they count as not measured)."""
+        """Record what the memory probe learnt about the memory settings of `knobs`.
+
+        `oom_batch`, the smallest batch it saw run out of memory (None: every batch it tried fit); `measured`,
+        whether it found their frontier (False when another failure stopped it, so they count as not measured)."""
         key = oom_key(knobs)
         if measured:
             self.probed.add(key)
@@ -83,16 +85,17 @@ class SearchState:
         return min(own, default=None), unmeasured
 
     def oom_excluded(self, knobs: dict[str, Any]) -> int | None:
-        """The batch size that bounds `knobs` if its batch is at or above it: what already ran out of memory
-        with the same settings (`oom_key`), or, for settings the memory probe did not measure, the smallest
-        batch the probe saw run out of memory with any settings."""
+        """Return the batch size that bounds `knobs` if its batch is at or above it.
+
+        What already ran out of memory with the same settings (`oom_key`), or, for settings the memory probe did
+        not measure, the smallest batch the probe saw run out of memory with any settings."""
         bound = min((b for b in self._bounds(knobs) if b is not None), default=None)
         return bound if bound is not None and int(knobs["batch_size"]) >= bound else None
 
     def grid_skips(self, fixed: dict[str, Any]) -> list[dict[str, Any]]:
-        """The knobs (`fixed` and the point) of each grid point that will never run: those the searcher
-        skipped, and those still to hand out that what ran out of memory since rules out. Empty outside grid
-        mode."""
+        """Return the knobs (`fixed` and the point) of each grid point that will never run; empty outside grid mode.
+
+        Those the searcher skipped, and those still to hand out that what ran out of memory since rules out."""
         left = ({**fixed, **p} for p in self.grid_left)
         return [{**fixed, **p} for p in self.grid_skipped] + [k for k in left if self.oom_excluded(k) is not None]
 

@@ -1,5 +1,6 @@
-"""What the search hands out next, beyond what the sampler proposes: no configuration twice, and the
-worker count held for runs of trials.
+"""Decide what the search hands out next, beyond what the sampler proposes.
+
+No configuration twice, and the worker count held for runs of trials.
 
 - **No repeats.** A configuration already handed out (running or measured) is never handed out
   again, unless as a named replicate. `config_key` says when two are the same; `finite_points` lists a
@@ -41,8 +42,9 @@ def config_key(config: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
 
 
 def finite_points(spec: SweepSpec) -> list[dict[str, Any]] | None:
-    """Every configuration of the searched knobs, when each has a finite set of values and there are at
-    most `MAX_POINTS` of them; None otherwise (a continuous or log range: the space never runs out)."""
+    """List every configuration of the searched knobs, when each has a finite set of values.
+
+    At most `MAX_POINTS` of them; None otherwise (a continuous or log range: the space never runs out)."""
     try:
         values = spec.space.grid_values()
     except ValueError:
@@ -98,8 +100,10 @@ class SizeRuns:
             self.unvisited.remove(size)
 
     def upcoming(self, n: int) -> list[int | None]:
-        """The planned count of each of the next `n` trials: the current run's, then a run of each count not
-        yet visited, then None (the sampler's choice, one run at a time)."""
+        """Return the planned count of each of the next `n` trials.
+
+        The current run's, then a run of each count not yet visited, then None (the sampler's choice, one run at
+        a time)."""
         plan: list[int | None] = [self.current] * min(n, self.left if self.current not in self.exhausted else 0)
         for s in self.unvisited:
             if s not in self.exhausted:
@@ -107,11 +111,12 @@ class SizeRuns:
         return (plan + [None] * n)[:n]
 
     def expected_restarts(self, n: int) -> float:
-        """Group restarts the next `n` trials are expected to cost: each change of count in the plan, and
-        at each later run's start the chance that the sampler picks another count than the run before
-        ((k - 1) / k with k counts left; slots of concurrent trials aside). An expectation, not a forecast:
-        a sweep pays a whole number (12 trials over [1, 2]: 1 or 2 for the 1.5 planned), and which one
-        follows the count that measures faster, unknown before the sweep measured it
+        """Return the group restarts the next `n` trials are expected to cost.
+
+        Each change of count in the plan, and at each later run's start the chance that the sampler picks another
+        count than the run before ((k - 1) / k with k counts left; slots of concurrent trials aside). An
+        expectation, not a forecast: a sweep pays a whole number (12 trials over [1, 2]: 1 or 2 for the 1.5
+        planned), and which one follows the count that measures faster, unknown before the sweep measured it
         (`tests/search/test_searcher.py::test_the_restarts_the_plan_expects_are_what_the_runs_pay_on_average`)."""
         plan, k = self.upcoming(n), max(1, len([s for s in self.sizes if s not in self.exhausted]))
         known = [s for s in plan if s is not None]
@@ -130,8 +135,10 @@ def size_changes(current: int | None, sizes: list[int]) -> int:
 
 
 def planned_trials(spec: SweepSpec) -> int:
-    """The trials the sweep will run at most: num_trials, or fewer where a finite space that stops when it
-    runs out (`search.when_exhausted: stop`) has fewer configurations (grid's size is num_trials already)."""
+    """Return the most trials the sweep will run.
+
+    That is num_trials, or fewer where a finite space that stops when it runs out (`search.when_exhausted:
+    stop`) has fewer configurations (grid's size is num_trials already)."""
     n = spec.budget.num_trials
     if spec.search.algorithm == "grid" or spec.search.when_exhausted != "stop" or not spec.space.searched():
         return n  # (nothing searched: num_trials runs of the one configuration, asked for)

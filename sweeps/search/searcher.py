@@ -42,9 +42,10 @@ _FITS = "fits"  # constraint name for "the trial could run at all"
 
 
 class SweepSearch(Searcher):
-    """Tune's public `Searcher` over an Optuna study's public ask/tell, with infeasibility feedback,
-    monotone OOM skipping, grid mode, no configuration twice and runs per worker count (`sweeps.search.plan`).
-    Nothing of `OptunaSearch` is used."""
+    """Tune's public `Searcher` over an Optuna study's public ask/tell.
+
+    With infeasibility feedback, monotone OOM skipping, grid mode, no configuration twice and runs per worker
+    count (`sweeps.search.plan`). Nothing of `OptunaSearch` is used."""
 
     def __init__(self, space: dict[str, Any], metric: str | list[str], mode: str | list[str],
                  *, sampler: optuna.samplers.BaseSampler, fixed: dict[str, Any], constraints: list[ConstraintSpec],
@@ -343,11 +344,13 @@ def make_searcher(spec: SweepSpec) -> SweepSearch | None:
 
 
 def make_scheduler(spec: SweepSpec) -> TrialScheduler:
-    """ASHA on measured steps when early stopping is on: every trial is compared with others at
-    the same number of steps (rungs at grace_steps * reduction_factor**k). With a time-to-target
-    objective, on the target metric at the same training time (rungs at grace_s * reduction_factor**k
-    on the time-to-target clock, the report after each evaluation carries both): a trial whose
-    quality is behind the others' at equal time is unlikely to reach the target first."""
+    """Build ASHA on measured steps when early stopping is on.
+
+    Every trial is compared with others at the same number of steps (rungs at grace_steps *
+    reduction_factor**k). With a time-to-target objective, on the target metric at the same training time
+    (rungs at grace_s * reduction_factor**k on the time-to-target clock, the report after each evaluation
+    carries both): a trial whose quality is behind the others' at equal time is unlikely to reach the target
+    first."""
     es = spec.search.early_stopping
     if es is None:
         return FIFOScheduler()
@@ -376,7 +379,8 @@ def make_scheduler(spec: SweepSpec) -> TrialScheduler:
 
 
 def knobs_of(spec: SweepSpec, row: Any) -> dict[str, Any]:
-    """A trial's knobs as the searcher names them: its logged params carry the trainable's own as
-    `workload.<name>`; the space names them `params.<name>`."""
+    """Return a trial's knobs as the searcher names them.
+
+    Its logged params carry the trainable's own as `workload.<name>`; the space names them `params.<name>`."""
     own = {f"{PARAMS_PREFIX}{n}": row.params[f"workload.{n}"] for n in spec.space.params if f"workload.{n}" in row.params}
     return {**fixed_knobs(spec), **row.params, **own}

@@ -1,5 +1,7 @@
-"""The circuit breaker: the same failure N times in a row will not fix itself (an ImportError, a
-missing file); the sweep stops instead of spending its budget on it."""
+"""The circuit breaker: the same failure N times in a row stops the sweep.
+
+Such a failure will not fix itself (an ImportError, a missing file); the sweep stops instead of spending its
+budget on it."""
 
 from __future__ import annotations
 
@@ -34,8 +36,9 @@ class FailureStreak:
 
 
 class BreakerStopper(tune.Stopper):
-    """Stops every trial, and starts no new one, once the sweep callback's breaker trips (the running
-    sweep's `SearchState.tripped`: Tune copies the stopper, so it holds nothing itself)."""
+    """Stops every trial, and starts no new one, once the sweep callback's breaker trips.
+
+    The breaker is the running sweep's `SearchState.tripped`: Tune copies the stopper, so it holds nothing itself."""
 
     def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
         return False

@@ -1,12 +1,11 @@
-"""Tune's callback for a sweep: forwards Tune's trial lifecycle to the sweep's controller
-(`sweeps.service.controller.SweepController`), which keeps the sweep's state and ends each trial."""
+"""Tune's callback for a sweep, forwarding Tune's trial lifecycle to the sweep's controller.
+
+The controller (`sweeps.service.controller.SweepController`) keeps the sweep's state and ends each trial."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import threading
 from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -72,14 +71,3 @@ def _trial_error(trial: Any) -> BaseException | None:
         return error if isinstance(error, BaseException) else None
     return trial.get_pickled_error()  # type: ignore[no-any-return]
 
-
-def _interrupt_tune() -> bool:
-    """End the Tune run as Ctrl+C does: Tune saves its state with the running trials unfinished,
-    and `Tuner.restore` runs them again. Tune listens for SIGINT only when it runs in the main
-    thread, where it replaces Python's default handler; anywhere else (or with the default handler
-    still in place) there is nobody to tell, and the caller stops the trials another way."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) in (signal.default_int_handler, signal.SIG_DFL, signal.SIG_IGN, None):
-        return False
-    signal.raise_signal(signal.SIGINT)
-    return True

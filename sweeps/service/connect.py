@@ -34,8 +34,9 @@ _ANSWER_S = 3.0  # a live GCS accepts a TCP connection at once
 
 
 def ray_address_file() -> str:
-    """Where `ray start` leaves the address of the cluster it started (Ray's default temp dir). Ray has no
-    public name for it: a private access, pinned in tests/service/test_ray_private.py."""
+    """Return where `ray start` leaves the address of the cluster it started (Ray's default temp dir).
+
+    Ray has no public name for it: a private access, pinned in tests/service/test_ray_private.py."""
     from ray._common.utils import get_ray_address_file
 
     return str(get_ray_address_file(None))
@@ -56,8 +57,9 @@ def ray_address() -> tuple[str | None, str]:
 
 
 def answers(address: str, timeout_s: float = _ANSWER_S) -> bool:
-    """Whether anything accepts a connection at a `host:port` Ray address (a `ray://` or `http(s)://`
-    one is taken as given: its own client says what is wrong)."""
+    """Tell whether anything accepts a connection at a `host:port` Ray address.
+
+    A `ray://` or `http(s)://` one is taken as given: its own client says what is wrong."""
     if "://" in address:
         return True
     host, _, port = address.rpartition(":")
@@ -76,9 +78,10 @@ def _free_port() -> int:
 
 def connect_ray(runtime_env: Callable[[dict[str, str]], dict[str, Any] | None],
                 echo: Callable[[str], None]) -> bool:
-    """Connect this process to its Ray cluster unless it is connected; True when it started (and must
-    stop) a local instance. `runtime_env(extra_env)`: the runtime env of a new local instance, with
-    `extra_env` among its variables. Every failure is an `EnvironmentProblem`."""
+    """Connect this process to its Ray cluster unless it is connected.
+
+    Returns True when it started (and must stop) a local instance. `runtime_env(extra_env)`: the runtime env of a
+    new local instance, with `extra_env` among its variables. Every failure is an `EnvironmentProblem`."""
     import ray
 
     if ray.is_initialized():
@@ -121,10 +124,12 @@ def _init(start: Callable[[], Any]) -> None:
 
 @contextlib.contextmanager
 def sigterm_as_sigint() -> Iterator[None]:
-    """While inside: a first SIGTERM is handled as SIGINT (Ctrl+C) is -- Tune, once running, stops
-    gracefully and saves its state; elsewhere a KeyboardInterrupt -- and a second one stops at once
-    (KeyboardInterrupt wherever the sweep is: its wind-down skips the report figures). Only from the
-    main thread (signals are delivered there); elsewhere nothing changes."""
+    """Handle SIGTERM as SIGINT while inside.
+
+    A first SIGTERM is handled as SIGINT (Ctrl+C) is -- Tune, once running, stops gracefully and saves its
+    state; elsewhere a KeyboardInterrupt -- and a second one stops at once (KeyboardInterrupt wherever the
+    sweep is: its wind-down skips the report figures). Only from the main thread (signals are delivered
+    there); elsewhere nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -1,5 +1,6 @@
-"""One sweep's run, owned by one object (as Ray Train V2's controller owns its run): `SweepController` holds
-the sweep's live state -- its search state (OOM bounds, failures, the breaker, what is left), its trials' rows,
+"""One sweep's run, owned by one object, as Ray Train V2's controller owns its run.
+
+`SweepController` holds the sweep's live state -- its search state (OOM bounds, failures, the breaker, what is left), its trials' rows,
 when each began and ended and what it cost, why the sweep halts -- and ends each trial: priced, scored,
 recorded, announced. It sets its state current while the sweep runs (`sweeps.search.live_state.running`,
 `sweeps.service.callback.live`: Tune pickles and copies the searcher, stopper and callback, which look them
@@ -32,13 +33,13 @@ from sweeps.search.plan import SIZE, size_changes
 from sweeps.search.searcher import knobs_of
 from sweeps.search.trials import fixed_knobs, resolve_trial, trial_params
 from sweeps.service.breaker import FailureStreak
-from sweeps.service.callback import SweepCallback, _interrupt_tune, live
+from sweeps.service.callback import SweepCallback, live
 from sweeps.service.failures import failure_of
 from sweeps.service.progress import TERMINAL, Costs, TrialCost, conditions, overhead_line, planned_cost, progress_line
 from sweeps.service.resources import concurrency_note
 from sweeps.service.saved_state import SweepState, experiment_dir, resume_command
 from sweeps.service.trial import HALT_KEY, trace_dir
-from sweeps.service.tuning import RayTune
+from sweeps.service.tuning import RayTune, interrupt_tune
 from sweeps.spec import SweepSpec
 from sweeps.tracking import SweepTracker
 from trainables.contract import STEPS, SWEEP_USD, TRIAL_USD
@@ -217,7 +218,7 @@ class SweepController:
         self.halted = why
         self.echo(f"HALTING the sweep: {why}. Finished trials are kept; trials still running "
                   "run again when the sweep is resumed.")
-        if not _interrupt_tune():  # not Tune's main thread: stop every trial instead (they end as stopped)
+        if not interrupt_tune():  # not Tune's main thread: stop every trial instead (they end as stopped)
             self.search.tripped = f"halted: {self.halted}"
 
     def started(self) -> set[str]:
@@ -263,8 +264,10 @@ class SweepController:
             self.tune.queue.cancel(trial_id)
 
     def charge(self, trial_id: str) -> None:
-        """What the trial held, from its start in this driver to its end (or now, for one interrupted), at its
-        price, added to what its earlier attempts cost: `cost/trial_usd` (a failed trial costs money too)."""
+        """Price what the trial held into `cost/trial_usd` (a failed trial costs money too).
+
+        That is from its start in this driver to its end (or now, for one interrupted), at its price, added to
+        what its earlier attempts cost."""
         if trial_id not in self.began:
             return
         row = self.rows[trial_id]

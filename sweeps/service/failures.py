@@ -33,7 +33,6 @@ KIND_MEANING: dict[str, str] = {
              "checkpoint",
     "error": "anything else: the rank that raised it, its type and its whole message are in `sweep.failure_reason`",
 }
-KINDS: tuple[str, ...] = tuple(KIND_MEANING)
 _LOADER_HINT = (" — a dataloader worker died or hung: give the container more shared memory (docker --shm-size, "
                 "/dev/shm), lower num_dataloader_workers or prefetch_factor, or check the dataset's __getitem__")
 # Every form an out-of-memory failure takes, matched against "<type name>: <whole message>" (NCCL puts the
@@ -172,8 +171,9 @@ _PEER_ADDRESS = re.compile(r"\[[^\]\s]*\]:\d+")  # gloo's "[127.0.0.1]:31655": a
 
 
 def signature(kind: str, reason: str) -> tuple[str, str]:
-    """What makes two failures "the same" for the circuit breaker: the kind and the error,
-    not which rank happened to report it first, nor the port its peer had."""
+    """Return what makes two failures "the same" for the circuit breaker: the kind and the error.
+
+    Not which rank happened to report it first, nor the port its peer had."""
     return kind, _PEER_ADDRESS.sub("[peer]", _RANK_PREFIX.sub("", reason))
 
 
@@ -193,8 +193,9 @@ TUNE_FAILURE_LOGGER = "ray.tune.execution.tune_controller"
 
 
 class TracebacksToFile(logging.Filter):
-    """Move Ray Tune's "Trial task failed" tracebacks off the console into `path` (the sweep's own log): every
-    other record of the logger passes unchanged."""
+    """Move Ray Tune's "Trial task failed" tracebacks off the console into `path`, the sweep's own log.
+
+    Every other record of the logger passes unchanged."""
 
     def __init__(self, path: Path) -> None:
         super().__init__()

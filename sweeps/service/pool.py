@@ -89,8 +89,9 @@ class Queue:
             self._cv.notify_all()
 
     def events(self, trial_id: str, since: int, timeout_s: float) -> list[dict[str, Any]] | None:
-        """The trial's events after the first `since` (waiting up to `timeout_s`); None once the
-        pool is closed and nothing more will come."""
+        """Return the trial's events after the first `since` (waiting up to `timeout_s`).
+
+        None once the pool is closed and nothing more will come."""
         with self._cv:
             self._cv.wait_for(lambda: len(self._events.get(trial_id, ())) > since or self._closed, timeout_s)
             new = list(self._events.get(trial_id, [])[since:])
@@ -106,8 +107,10 @@ class Queue:
     # -- the warm group's side ---------------------------------------------------------------
     # -- group starts: what each cost, for the overhead line, the plan and the ETA ----------
     def group_starting(self, slot: int, shape: Shape, why: str) -> None:
-        """A slot's supervisor starts a group (`why`: "first", "resize" to another shape, or "replace" one
-        that failed); its start ends when the group first asks for a trial."""
+        """Record that a slot's supervisor starts a group.
+
+        `why`: "first", "resize" to another shape, or "replace" one that failed; its start ends when the group first
+        asks for a trial."""
         with self._cv:
             self._starting[slot] = (time.time(), shape, why)
             self._waits.pop(slot, None)
@@ -120,9 +123,10 @@ class Queue:
             return {slot: (since, shape[0]) for slot, (since, shape, _) in self._starting.items()}
 
     def group_waited(self, slot: int, seconds: float) -> None:
-        """The slot's starting group waited `seconds` more for resources that other work held (its placement
-        group pending: `sweeps.service.waits`): that much of its start is waiting, not starting, and it held
-        nothing meanwhile."""
+        """Record that the slot's starting group waited `seconds` more for resources that other work held.
+
+        Its placement group was pending (`sweeps.service.waits`): that much of its start is waiting, not starting,
+        and it held nothing meanwhile."""
         with self._cv:
             if slot in self._starting:
                 self._waits[slot] = self._waits.get(slot, 0.0) + seconds
@@ -139,17 +143,20 @@ class Queue:
                 self._lives[i] = (shape, began, time.time())
 
     def group_lives(self) -> list[tuple[Shape, float, bool]]:
-        """What each group held: (its shape, seconds from asking for its devices to its end or now, less what
-        it waited for them while other work held them, whether it has ended). A group's devices are the sweep's
-        for all that time, between trials too."""
+        """Return what each group held, from asking for its devices to its end or now.
+
+        Per group: (its shape, seconds from asking for its devices to its end or now, less what it waited for them
+        while other work held them, whether it has ended). A group's devices are the sweep's for all that time,
+        between trials too."""
         with self._cv:
             now = time.time()
             return [(shape, max(0.0, (end or now) - began - self._unheld.get(i, 0.0)), end is not None)
                     for i, (shape, began, end) in enumerate(self._lives)]
 
     def group_starts(self) -> list[tuple[Shape, float, str]]:
-        """Each group started so far: (its shape, the seconds until it first asked for a trial less those it
-        waited for resources, why)."""
+        """Return each group started so far.
+
+        Per group: (its shape, the seconds until it first asked for a trial less those it waited for resources, why)."""
         with self._cv:
             return list(self._starts)
 
@@ -160,8 +167,10 @@ class Queue:
             return list(self._starts)
 
     def take(self, slot: int, timeout_s: float, shape: Shape | None = None) -> Any:
-        """The oldest waiting trial for a group of `shape` (None: any trial), CLOSED, RESIZE (this group
-        should end: a group of another shape is wanted, `shape_for`), or None after `timeout_s`."""
+        """Hand a group of `shape` its next trial, or tell it to end.
+
+        The oldest waiting trial for a group of `shape` (None: any trial), CLOSED, RESIZE (this group should end: a
+        group of another shape is wanted, `shape_for`), or None after `timeout_s`."""
         with self._cv:
             if slot in self._starting:  # the group's ranks are up: its start-up ends here
                 since, started, why = self._starting.pop(slot)
@@ -191,10 +200,11 @@ class Queue:
                 self._idle.pop(slot, None)
 
     def span(self, trial_id: str) -> tuple[float | None, float | None]:
-        """When the trial's own cost began and ended (`time.time()`). Began: its submission by its Tune
-        trial (after that actor started), or when a group took it if it had to wait for one to start
-        (the first trial of a sweep, a resize): the group's start-up is the sweep's cost, not a trial's.
-        Ended: when its group posted the final report (None before): its way on to the driver (Tune,
+        """Return when the trial's own cost began and ended (`time.time()`).
+
+        Began: its submission by its Tune trial (after that actor started), or when a group took it if it had to
+        wait for one to start (the first trial of a sweep, a resize): the group's start-up is the sweep's cost, not
+        a trial's. Ended: when its group posted the final report (None before): its way on to the driver (Tune,
         the trial's actor) is the sweep's, not the trial's."""
         with self._cv:
             return self._began.get(trial_id), self._ended.get(trial_id)
@@ -231,8 +241,9 @@ class Queue:
 
     def rank_done(self, trial_id: str, rank: int, world: int, error: BaseException | None, clean: bool,
                   where: str = "None") -> bool:
-        """A rank finished a trial; returns whether its group may serve another one. Waits (up to
-        `_AGREE_S`) for the other ranks: a rank stuck in a collective never comes, so the group retires.
+        """Record that a rank finished a trial, and return whether its group may serve another one.
+
+        Waits (up to `_AGREE_S`) for the other ranks: a rank stuck in a collective never comes, so the group retires.
         A kept group's failure is posted at once; a retiring group's waits for its supervisor, whose
         error also names the ranks that died (a crash), so the trial's failure is classified whole."""
         with self._cv:
@@ -257,8 +268,9 @@ class Queue:
             return self._decided[trial_id]
 
     def group_failed(self, slot: int, error: BaseException) -> None:
-        """A group's Train run ended in an error (it retired, or a rank died): the trial it was serving,
-        unless that trial already ended with the group kept, failed with it."""
+        """Record that a group's Train run ended in an error (it retired, or a rank died).
+
+        The trial it was serving failed with it, unless that trial already ended with the group kept."""
         with self._cv:
             trial_id = self._serving.pop(slot, None)
             if trial_id is None and self._pending:
@@ -304,8 +316,9 @@ TrialQueue = ray.remote(num_cpus=0, max_concurrency=1000)(Queue)  # type: ignore
 
 @ray.remote(num_cpus=0)
 class GroupSupervisor:
-    """Keeps one warm group running for a slot: a new Train run whenever the last one retired or ended
-    to be resized (with the size the queue asks for)."""
+    """Keeps one warm group running for a slot.
+
+    A new Train run whenever the last one retired or ended to be resized (with the size the queue asks for)."""
 
     def run(self, queue: Any, slot: int, spec: SweepSpec, storage_path: str, name: str,
             workdir: str | None = None) -> int:
@@ -333,8 +346,9 @@ class GroupSupervisor:
 
 
 class WarmPool:
-    """The queue and one supervised warm group per concurrency slot, for one sweep run; every rank
-    works in `workdir` (the driver's working directory) where that is on its node."""
+    """The queue and one supervised warm group per concurrency slot, for one sweep run.
+
+    Every rank works in `workdir` (the driver's working directory) where that is on its node."""
 
     def __init__(self, spec: SweepSpec, storage_path: str, token: str, workdir: str | None = None) -> None:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -355,9 +369,10 @@ class WarmPool:
         ray.get(self.queue.close.remote())
 
     def join(self, timeout_s: float = 30.0) -> list[tuple[Shape, float, str]]:
-        """Close the pool and wait for its groups (a group still waiting for resources, e.g. the
-        replacement of one lost with its node, is stopped); returns each group that started: (shape,
-        seconds to start, why: first, resize, replace)."""
+        """Close the pool and wait for its groups; return each group that started.
+
+        A group still waiting for resources (e.g. the replacement of one lost with its node) is stopped. Each
+        group: (shape, seconds to start, why: first, resize, replace)."""
         self.close()
         ray.wait(self.runs, num_returns=len(self.runs), timeout=timeout_s)
         starts = ray.get(self.queue.group_starts.remote())

@@ -1,5 +1,6 @@
-"""The memory frontier, probed before the search: the largest batch size that fits, for every
-combination of the settings that decide memory.
+"""Probe the memory frontier before the search: the largest batch size that fits per memory setting.
+
+The frontier is found for every combination of the settings that decide memory.
 
 Those settings are `search.oom_key`'s: precision, compile, the trainable's own params in the
 space and the number of ranks. The probe measures each combination the space can produce (every
@@ -82,8 +83,9 @@ def _try(queue: Any, spec: SweepSpec, knobs: dict[str, Any]) -> tuple[str, str]:
 
 
 def memory_settings(spec: SweepSpec) -> list[dict[str, Any]]:
-    """Every combination of the memory settings (`search.oom_key`) the probe measures: every
-    choice of a categorical, the value of a fixed one, a range's first value."""
+    """Return every combination of the memory settings (`search.oom_key`) the probe measures.
+
+    Every choice of a categorical, the value of a fixed one, a range's first value."""
     space = spec.space
     knobs: dict[str, Param] = {"precision": space.held("precision"), "compile": space.held("compile")}
     knobs |= {PARAMS_PREFIX + name: p for name, p in space.params.items()}
@@ -124,8 +126,9 @@ def _names(setting: dict[str, Any], searched: set[str]) -> tuple[str, str]:
 
 
 def probe_frontier(spec: SweepSpec, queue: Any, state: SearchState, echo: Callable[[str], None]) -> dict[str, str]:
-    """Probe every combination of memory settings (`memory_settings`) and tell the search what it
-    learnt; returns the parent run's tags (`sweep.probe.<precision>[.compile][.params.<name>.<value>]`).
+    """Probe every combination of memory settings (`memory_settings`) and tell the search what it learnt.
+
+    Returns the parent run's tags (`sweep.probe.<precision>[.compile][.params.<name>.<value>]`).
     It runs in the sweep's warm groups, which are priced whole (`sweeps.results.money.groups_usd`)."""
     space = spec.space
     searched = space.searched()

@@ -83,8 +83,10 @@ class ProgressLine(str):
 
 
 def planned_restarts(spec: SweepSpec) -> float:
-    """Warm-group restarts the whole sweep is expected to need to change its worker count: the runs of
-    `sweeps.search.plan.SizeRuns`, or the grid's order (the count varies slowest); 0 when it is not searched."""
+    """Return the warm-group restarts the whole sweep is expected to need to change its worker count.
+
+    The runs of `sweeps.search.plan.SizeRuns`, or the grid's order (the count varies slowest); 0 when it is not
+    searched."""
     runs = SizeRuns.of(spec) if spec.scaling.reuse_workers else None
     if runs is not None:
         return runs.expected_restarts(planned_trials(spec))
@@ -107,9 +109,11 @@ def groups_planned(spec: SweepSpec, group_start_s: float | None) -> str:
 
 
 def planned_cost(spec: SweepSpec, group_start_s: float | None = None) -> str:
-    """What the sweep will cost, said before it starts: trials x the time-boxed trial, by concurrency (from
-    `min_window_s`'s floor to the boxes' ceiling where a floor is set, as on a GPU), and the warm groups'
-    starts (`group_start_s`: what the first one took on this cluster)."""
+    """Say what the sweep will cost, before it starts.
+
+    Trials x the time-boxed trial, by concurrency (from `min_window_s`'s floor to the boxes' ceiling where a
+    floor is set, as on a GPU), and the warm groups' starts (`group_start_s`: what the first one took on this
+    cluster)."""
     b, n, at_once = spec.budget, planned_trials(spec), spec.budget.max_concurrent_trials
     floor, window, warmup = trial_clock(spec)
     rounds = math.ceil(n / at_once)
@@ -137,7 +141,9 @@ def planned_cost(spec: SweepSpec, group_start_s: float | None = None) -> str:
 
 @dataclass(frozen=True)
 class TrialCost:
-    """What one ended trial cost: `cost_s`, its own wall time, start to end (not the cluster's or a warm
+    """What one ended trial cost.
+
+    `cost_s`, its own wall time, start to end (not the cluster's or a warm
     group's start-up); of that, what the time boxes may bound: its measured window (`time/window_s`) and
     warm-up's timed steps (`time/warmup_steps_s`; its build, compilation and step 0 are no box's), and
     what no later trial pays again: the data files it made for the node (`time/data_prep_s`). `fresh`: True
@@ -156,8 +162,10 @@ class TrialCost:
     contended: bool | None = None
 
     def again_s(self, data_shared: bool) -> float:
-        """What a trial like it would cost next: less the data it made, where the trials to come read the
-        same data (`data_shared`), which they then find made (on its node; another node makes its own)."""
+        """Return what a trial like it would cost next.
+
+        Less the data it made, where the trials to come read the same data (`data_shared`), which they then find
+        made (on its node; another node makes its own)."""
         return max(0.0, self.cost_s - self.data_prep_s) if data_shared else self.cost_s
 
     @classmethod
@@ -170,8 +178,10 @@ class TrialCost:
                    fresh=None if place is None else str(place) == "1", contended=conditions(metrics))
 
     def boxed_s(self, warmup_boxed: bool) -> float:
-        """The seconds the boxes bound: the window, and warm-up's timed steps where `max_warmup_s` is on
-        (an unboxed warm-up is the trial's own cost)."""
+        """Return the seconds the boxes bound.
+
+        The window, and warm-up's timed steps where `max_warmup_s` is on (an unboxed warm-up is the trial's own
+        cost)."""
         return self.window_s + (self.warmup_steps_s if warmup_boxed else 0.0)
 
 
@@ -182,10 +192,12 @@ def conditions(metrics: dict[str, Any]) -> bool | None:
 
 @dataclass(frozen=True)
 class Costs:
-    """What the ETA knows beyond the rows: the trials this driver saw end (`ended`), each running trial's
-    precision and seconds run so far (`running`), and the precisions the sweep measured emulated on this
-    machine before its first trial (`emulated`: a CPU's bf16/fp16 without native kernels, `sweeps.results.sol`), and
-    the precision of each grid point that will never run (`skipped`: out of memory bounds, `search.grid_skips`)."""
+    """What the ETA knows beyond the rows.
+
+    The trials this driver saw end (`ended`), each running trial's precision and seconds run so far
+    (`running`), and the precisions the sweep measured emulated on this machine before its first trial
+    (`emulated`: a CPU's bf16/fp16 without native kernels, `sweeps.results.sol`), and the precision of each grid
+    point that will never run (`skipped`: out of memory bounds, `search.grid_skips`)."""
 
     ended: list[TrialCost]
     running: list[tuple[str, float]] = field(default_factory=list)
@@ -201,8 +213,10 @@ class Costs:
 
 
 def upcoming(spec: SweepSpec, rows: list[TrialRow], skipped: list[str] | None = None) -> list[str | None]:
-    """The precision of each trial not yet started: grid search's points still to run, in order, less
-    those that never will (`skipped`, their precisions); None where a sampler has yet to pick it."""
+    """Return the precision of each trial not yet started.
+
+    Grid search's points still to run, in order, less those that never will (`skipped`, their precisions);
+    None where a sampler has yet to pick it."""
     n = max(0, spec.budget.num_trials - len(rows) - len(skipped or []))
     precision = spec.space.held("precision")
     if isinstance(precision, FixedParam):
@@ -264,10 +278,11 @@ def price_s(spec: SweepSpec, precision: str | None, costs: Costs) -> float:
 
 
 def remaining_s(spec: SweepSpec, rows: list[TrialRow], costs: Costs) -> float:
-    """Seconds the sweep still needs: each trial not yet started costs its `price_s` (as many as the space
-    has left), each running one what is left of its price, each expected restart of a warm group what a
-    group's start cost here, `max_concurrent_trials` at a time, and never less than the running trial with
-    the most left. nan before any trial ended."""
+    """Return the seconds the sweep still needs; nan before any trial ended.
+
+    Each trial not yet started costs its `price_s` (as many as the space has left), each running one what is
+    left of its price, each expected restart of a warm group what a group's start cost here,
+    `max_concurrent_trials` at a time, and never less than the running trial with the most left."""
     if not costs.ended:
         return math.nan
     left = [max(0.0, price_s(spec, p, costs) - t) for p, t in costs.running]
@@ -280,12 +295,13 @@ def remaining_s(spec: SweepSpec, rows: list[TrialRow], costs: Costs) -> float:
 
 
 def eta_range(spec: SweepSpec, rows: list[TrialRow], costs: Costs) -> tuple[float, float | None]:
-    """The ETA (`remaining_s`) priced by trials measured under the conditions the sweep runs in: (seconds, None)
-    while every ended trial was measured alike. Once contention changed during the sweep (some ended trials were
-    measured while other work shared their node, others alone: `TrialCost.contended`), the range between what
-    is left at the lone trials' prices and at the shared ones'. Where the running trials report other
-    conditions than every ended trial had (`Costs.now_contended`), an open end: (seconds, inf) when the node is
-    shared now and was not, (0, seconds) the other way round."""
+    """Return the ETA (`remaining_s`) priced by trials measured under the conditions the sweep runs in.
+
+    (seconds, None) while every ended trial was measured alike. Once contention changed during the sweep (some
+    ended trials were measured while other work shared their node, others alone: `TrialCost.contended`), the
+    range between what is left at the lone trials' prices and at the shared ones'. Where the running trials
+    report other conditions than every ended trial had (`Costs.now_contended`), an open end: (seconds, inf) when
+    the node is shared now and was not, (0, seconds) the other way round."""
     eta = remaining_s(spec, rows, costs)
     alone = [c for c in costs.ended if c.contended is False]
     shared = [c for c in costs.ended if c.contended]
@@ -300,7 +316,9 @@ def eta_range(spec: SweepSpec, rows: list[TrialRow], costs: Costs) -> tuple[floa
 
 
 def sweep_status(spec: SweepSpec, rows: list[TrialRow], elapsed: float, costs: Costs | None = None) -> Status:
-    """`costs`: what the ended and running trials cost (`remaining_s`). Without any (a resumed sweep's
+    """Return where the sweep stands now: trials done, running and failed, the best so far and the ETA.
+
+    `costs`: what the ended and running trials cost (`remaining_s`). Without any (a resumed sweep's
     earlier trials), the mean time per ended trial stands in."""
     done = [r for r in rows if r.status not in UNFINISHED]
     failed = [r for r in done if r.status not in NOT_FAILED]
@@ -340,9 +358,11 @@ def progress_line(spec: SweepSpec, row: TrialRow, rows: list[TrialRow], elapsed:
 
 
 class Terminal:
-    """The sweep's echo to stdout. Event lines are printed as they come; on an interactive terminal a
-    live status line is kept under them, redrawn after each line and removed by `close()`. The stream
-    is looked up at each call (tests and `contextlib.redirect_stdout` replace `sys.stdout`)."""
+    """The sweep's echo to stdout.
+
+    Event lines are printed as they come; on an interactive terminal a live status line is kept under them,
+    redrawn after each line and removed by `close()`. The stream is looked up at each call (tests and
+    `contextlib.redirect_stdout` replace `sys.stdout`)."""
 
     def __init__(self, stream: TextIO | None = None) -> None:
         self._stream = stream
@@ -386,8 +406,10 @@ def _total(rows: list[TrialRow], key: str) -> float:
 
 
 def groups_said(starts: list[tuple[Any, float, str]], trials: int) -> str:
-    """The warm groups a sweep started and what they cost: "warm worker groups: 3 started for 12 trial(s)
-    (2 restarts to change the worker count, 9.1 s each; the first 12.2 s)"."""
+    """Say which warm groups a sweep started and what they cost.
+
+    E.g. "warm worker groups: 3 started for 12 trial(s) (2 restarts to change the worker count, 9.1 s each;
+    the first 12.2 s)"."""
     text = f"warm worker groups: {len(starts)} started for {trials} trial(s)"
     parts = []
     for why, what in (("resize", "to change the worker count (or type)"), ("replace", "to replace a failed group")):
@@ -402,12 +424,13 @@ def groups_said(starts: list[tuple[Any, float, str]], trials: int) -> str:
 
 def overhead_line(rows: list[TrialRow], wall_s: float, groups: list[tuple[Any, float, str]] | None,
                   probe_s: float = 0.0, waited_s: float = 0.0) -> str:
-    """Where the sweep's wall time went: the memory probe, the trials' own loops (warm-up with any
-    compilation, the measured windows, validation and the rest), waiting for resources other work held
-    (`waited_s`: `sweeps.service.waits`), and what is left, the service's own cost (scheduling, worker
-    start-up, tracking), per trial that ran. A trial that failed before its final report has no loop time:
-    its time falls in the service's share, and the line says so. `groups`: each warm group started (shape,
-    seconds to start less its wait, why), None without warm groups."""
+    """Say where the sweep's wall time went, per trial that ran.
+
+    The memory probe, the trials' own loops (warm-up with any compilation, the measured windows, validation and
+    the rest), waiting for resources other work held (`waited_s`: `sweeps.service.waits`), and what is left, the
+    service's own cost (scheduling, worker start-up, tracking). A trial that failed before its final report has
+    no loop time: its time falls in the service's share, and the line says so. `groups`: each warm group
+    started (shape, seconds to start less its wait, why), None without warm groups."""
     mode = groups_said(groups, len(rows)) if groups is not None else "one Ray Train run per trial"
     ended = [r for r in rows if isinstance(r.metrics.get(LOOP_S), (int, float))]
     if not ended:

@@ -1,5 +1,6 @@
-"""What a sweep asks of the cluster: each trial's resources, whether they fit, and the runtime
-environment of a local cluster."""
+"""What a sweep asks of the cluster.
+
+Each trial's resources, whether they fit, and the runtime environment of a local cluster."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ DRIVER_RESOURCES = tune.PlacementGroupFactory([{"CPU": 0, "memory": 1, HEAD_NODE
 
 
 def concurrency_note(spec: SweepSpec, resources: dict[str, float], free: dict[str, float] | None = None) -> str:
-    """How many trials fit the cluster at once (all workers of a trial start together) and, given what other work
-    leaves `free` now (`sweeps.service.waits.free_for_sweep`), how many fit in that."""
+    """Say how many trials fit the cluster at once (all workers of a trial start together).
+
+    And, given what other work leaves `free` now (`sweeps.service.waits.free_for_sweep`), how many fit in that."""
     need = largest_trial_need(spec)
     fits = min(int(resources.get(k, 0) // v) for k, v in need.items() if v > 0)
     asked = spec.budget.max_concurrent_trials
@@ -56,8 +58,10 @@ def this_machine() -> dict[str, float]:
 
 
 def refuse_if_never_fits(spec: SweepSpec, resources: dict[str, float]) -> None:
-    """On a fixed cluster (a local one), a trial that needs more than there is would wait forever: the
-    largest the space allows (its most ranks and loader workers) must fit."""
+    """Refuse a space whose largest trial never fits a fixed cluster (a local one).
+
+    A trial that needs more than there is would wait forever: the largest the space allows (its most ranks and
+    loader workers) must fit."""
     sc, need, loaders = spec.scaling, largest_trial_need(spec), max_loader_workers(spec)
     workers = max(worker_counts(spec))
     problems = []
@@ -91,8 +95,10 @@ def refuse_if_never_fits(spec: SweepSpec, resources: dict[str, float]) -> None:
 
 
 def node_types(spec: SweepSpec, nodes: list[dict[str, Any]]) -> dict[str, int]:
-    """The accelerator types the cluster's live nodes carry and how many nodes of each: a GPU node's type
-    as Ray names it (its `accelerator_type:<T>` resource), a CPU node's by its `scaling.type_label` label."""
+    """Count the cluster's live nodes per accelerator type.
+
+    A GPU node's type as Ray names it (its `accelerator_type:<T>` resource), a CPU node's by its
+    `scaling.type_label` label."""
     found: dict[str, int] = {}
     for node in nodes:
         if not node.get("Alive", True):
@@ -107,8 +113,9 @@ def node_types(spec: SweepSpec, nodes: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def refuse_missing_types(spec: SweepSpec, nodes: list[dict[str, Any]]) -> None:
-    """Every accelerator type the trials may be pinned to must be on some node of the cluster, or its
-    trials would wait for it forever."""
+    """Refuse an accelerator type the trials may be pinned to that no node of the cluster carries.
+
+    Every such type must be on some node of the cluster, or its trials would wait for it forever."""
     from sweeps.spec.cost import accelerator_types
 
     wanted = [k for k in accelerator_types(spec) if k]
@@ -126,8 +133,10 @@ def refuse_missing_types(spec: SweepSpec, nodes: list[dict[str, Any]]) -> None:
 
 
 def this_node() -> dict[str, Any]:
-    """This machine as Ray would register it, for `sweeps validate --here`: its GPU type (Ray's own name for
-    it, where an NVIDIA GPU is visible) and no labels (a local `sweeps run` starts Ray without any)."""
+    """Describe this machine as Ray would register it, for `sweeps validate --here`.
+
+    Its GPU type (Ray's own name for it, where an NVIDIA GPU is visible) and no labels (a local `sweeps run`
+    starts Ray without any)."""
     resources: dict[str, float] = {}
     if this_machine()["GPU"]:
         try:  # Ray's own name for the GPU: no public API gives it (pinned in tests/service/test_ray_private.py)
@@ -155,7 +164,9 @@ LEAN_TRAIN_ENV = {**TRAIN_RUN_ENV, "RAY_TRAIN_METRICS_ENABLED": "0"}
 
 
 def local_runtime_env(extra_env: dict[str, str] | None = None) -> dict[str, Any] | None:
-    """Outside a Ray job, let workers import user trainables from the current directory, as
+    """Return the runtime env of a new local Ray instance.
+
+    Outside a Ray job, let workers import user trainables from the current directory, as
     `ray job submit --working-dir .` does inside one, and start Ray Train lean; `extra_env` joins the
     variables every process of the new instance gets."""
     if os.environ.get("RAY_ADDRESS", "").strip() not in ("", "local") or os.environ.get("RAY_JOB_ID"):

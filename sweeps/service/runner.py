@@ -1,7 +1,9 @@
-"""Run a sweep, the table of contents: the sweep's lock, its saved state (new or resumed), the MLflow
-store, the Ray cluster and the signals, then the sweep's controller (`sweeps.service.controller`): the
-warm pool, the memory probe, Ray Tune with the sweep's searcher, scheduler, stopper and callback over
-the trial driver, and at the end the outcome, the parent run and the report."""
+"""Run a sweep: the table of contents, from the sweep's lock to its report.
+
+The sweep's lock, its saved state (new or resumed), the MLflow store, the Ray cluster and the signals, then
+the sweep's controller (`sweeps.service.controller`): the warm pool, the memory probe, Ray Tune with the
+sweep's searcher, scheduler, stopper and callback over the trial driver, and at the end the outcome, the
+parent run and the report."""
 
 from __future__ import annotations
 
@@ -41,11 +43,12 @@ def echo_stdout(line: str) -> None:
 
 def run_sweep(spec: SweepSpec, spec_text: str, echo: Callable[[str], None] = echo_stdout,
               restart: bool = False) -> SweepOutcome:
-    """Run the sweep on the Ray cluster `ray.init()` finds (or a new local one). A sweep of the
-    same name and spec already in `storage_path` is resumed; one that already ended (`nothing_left`)
-    is left alone: its outcome is read back from MLflow (`from_store`), and Ray does not start. Another spec
-    under that name is refused (`SweepExists`); `restart` moves the old one aside and starts afresh. The
-    sweep's lock is held throughout: a second run of it refuses at once (`SweepLocked`)."""
+    """Run the sweep on the Ray cluster `ray.init()` finds (or a new local one).
+
+    A sweep of the same name and spec already in `storage_path` is resumed; one that already ended
+    (`nothing_left`) is left alone: its outcome is read back from MLflow (`from_store`), and Ray does not start.
+    Another spec under that name is refused (`SweepExists`); `restart` moves the old one aside and starts afresh.
+    The sweep's lock is held throughout: a second run of it refuses at once (`SweepLocked`)."""
     uri = spec.tracking.resolved_uri()
     if in_uploaded_job():  # the job's working directory is a temporary copy of the upload
         uri = absolute_uri(uri, outputs_root())

@@ -48,10 +48,11 @@ def lock_path(spec: SweepSpec) -> Path:
 
 @contextlib.contextmanager
 def sweep_lock(spec: SweepSpec) -> Iterator[None]:
-    """Hold the sweep's lock for as long as it runs: a second `run` or `resume` of it, from any process on
-    a machine that shares the storage path's file locks, is refused at once (`SweepLocked`, naming the
-    holder). The operating system releases the lock when the holding process ends, however it ends;
-    the file stays, holding the last holder's name."""
+    """Hold the sweep's lock for as long as it runs.
+
+    A second `run` or `resume` of it, from any process on a machine that shares the storage path's file locks,
+    is refused at once (`SweepLocked`, naming the holder). The operating system releases the lock when the
+    holding process ends, however it ends; the file stays, holding the last holder's name."""
     path = lock_path(spec)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -87,8 +88,10 @@ def _holder(path: Path) -> str:
 
 
 def spec_digest(spec: SweepSpec) -> str:
-    """Hash of the validated spec: comments, formatting and where it is stored do not count, nor what its
-    price file says now (the sweep keeps the prices it read: `SweepState.prices`)."""
+    """Hash the validated spec.
+
+    Comments, formatting and where it is stored do not count, nor what its price file says now (the sweep keeps
+    the prices it read: `SweepState.prices`)."""
     from_file = spec.cost is not None and spec.cost.price_file is not None
     exclude: dict[str, Any] = {"storage_path": True, **({"cost": {"prices"}} if from_file else {})}
     return hashlib.sha256(spec.model_dump_json(exclude=exclude).encode()).hexdigest()
@@ -98,8 +101,9 @@ _JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # what Ray's job supervisor han
 
 
 def in_uploaded_job() -> bool:
-    """Whether this process is the driver of a `ray job submit --working-dir` job: its working directory is a
-    temporary copy of the upload, which the next job does not see."""
+    """Tell whether this process is the driver of a `ray job submit --working-dir` job.
+
+    Its working directory is then a temporary copy of the upload, which the next job does not see."""
     try:
         config = json.loads(os.environ.get(_JOB_CONFIG_ENV, "") or "{}")
     except ValueError:
@@ -108,9 +112,10 @@ def in_uploaded_job() -> bool:
 
 
 def outputs_root() -> Path:
-    """What the sweep's relative output paths (storage_path, a sqlite store) resolve against: the working
-    directory; in a `ray job submit --working-dir` job, `$SWEEPS_HOME` (default `~/sweeps`) on the job's
-    node instead, so that the sweep's state and store outlive the job, and what the upload carried
+    """Return what the sweep's relative output paths (storage_path, a sqlite store) resolve against.
+
+    The working directory; in a `ray job submit --working-dir` job, `$SWEEPS_HOME` (default `~/sweeps`) on the
+    job's node instead, so that the sweep's state and store outlive the job, and what the upload carried
     (a local run's `ray_results/`, `mlflow.db`) never collides with them."""
     if not in_uploaded_job():
         return Path.cwd()
@@ -118,9 +123,11 @@ def outputs_root() -> Path:
 
 
 def job_banner(state_dir: Path, uri: str, root: Path) -> str:
-    """What a sweep says first inside a `ray job submit --working-dir` job: where its state and its MLflow
-    store live, since the job's working directory is a temporary copy of the upload. `uri` is the store as
-    the sweep opens it (a relative sqlite path made absolute under `root`, the job's `outputs_root()`)."""
+    """Say what a sweep says first inside a `ray job submit --working-dir` job: where its state and store live.
+
+    The job's working directory is a temporary copy of the upload, so the banner names where the sweep's state
+    and its MLflow store live. `uri` is the store as the sweep opens it (a relative sqlite path made absolute
+    under `root`, the job's `outputs_root()`)."""
     home = f"$SWEEPS_HOME ({root}, default ~/sweeps) on this node"
     inside = state_dir.is_relative_to(root)
     said = (f"inside a Ray job: the sweep's state ({state_dir}) lives outside the job's temporary working copy, "
@@ -149,9 +156,11 @@ def storage_root(storage_path: str) -> Path:
 
 
 def same_spec(saved_text: str, spec: SweepSpec, prices: dict[str, Any] | None = None) -> bool:
-    """Whether the spec a sweep saved is `spec`: both validated by this version (a version that adds a field
-    with a default, or moves one, gives both the same form), comments, formatting and the storage path not
-    counting. A saved spec this version refuses is not the same."""
+    """Tell whether the spec a sweep saved is `spec`.
+
+    Both are validated by this version (a version that adds a field with a default, or moves one, gives both the
+    same form), comments, formatting and the storage path not counting. A saved spec this version refuses is
+    not the same."""
     try:
         return spec_digest(parse_spec(saved_text, prices=prices)) == spec_digest(spec)
     except SpecError:
@@ -229,7 +238,8 @@ _TUNE_ENDED = ("TERMINATED", "ERROR")
 
 def why_ended(num_trials: int, parent_status: str, parent_tags: dict[str, str], rows: list[TrialRow],
               tune_statuses: list[str]) -> str:
-    """Why a saved sweep has nothing left to run; "" when a resume has work to do, or when that is not certain.
+    """Say why a saved sweep has nothing left to run; "" when a resume has work to do, or when that is not certain.
+
     A sweep ended when its last driver concluded it (its MLflow parent run FINISHED: neither stopped before
     its end nor killed while it ran), every trial ended (on its MLflow run and in Tune's saved state, which a
     resume restores), and Tune starts no new one: the budget's trials all ran, or the breaker stopped the
@@ -251,8 +261,9 @@ def why_ended(num_trials: int, parent_status: str, parent_tags: dict[str, str], 
 
 
 def nothing_left(spec: SweepSpec, state: SweepState, client: Any) -> str:
-    """`why_ended` for a saved sweep, from its MLflow runs (`client`) and Ray Tune's experiment state in its
-    folder. Starts nothing: no Ray, no write to MLflow."""
+    """Return `why_ended` for a saved sweep, from its MLflow runs and Ray Tune's experiment state in its folder.
+
+    `client` reads the MLflow runs. Starts nothing: no Ray, no write to MLflow."""
     from sweeps.results.report import rows_from_runs
     from sweeps.tracking import child_runs
 
@@ -267,8 +278,9 @@ def nothing_left(spec: SweepSpec, state: SweepState, client: Any) -> str:
 
 
 def tune_statuses(exp_dir: Path) -> list[str] | None:
-    """The status of every trial in Ray Tune's saved experiment state (PENDING, RUNNING, PAUSED, TERMINATED or
-    ERROR), read through Tune's public `ExperimentAnalysis`; None when Tune saved none."""
+    """Return the status of every trial in Ray Tune's saved experiment state; None when Tune saved none.
+
+    PENDING, RUNNING, PAUSED, TERMINATED or ERROR, read through Tune's public `ExperimentAnalysis`."""
     from ray.tune import ExperimentAnalysis
 
     # it warns about each trial that has no result files (one that failed at once): not news here

@@ -71,8 +71,9 @@ _STATE_API: dict[str, bool] = {}  # GCS address -> whether its State API answers
 
 
 def state_api_served() -> bool:
-    """Whether Ray Train's placement-group cleaner could work on the cluster this process is connected to:
-    whether anything answers at the State API address its dashboard registered in the GCS (where the
+    """Tell whether Ray Train's placement-group cleaner could work on the cluster this process is connected to.
+
+    That is whether anything answers at the State API address its dashboard registered in the GCS (where the
     cleaner's queries go; `include_dashboard=False` still registers one). False only where that is certain:
     a refused connection — for a loopback address only from the head node, where the dashboard and the
     cleaner run. Anything else (no address yet, a timeout, a worker node) keeps Ray's default, unremembered."""
@@ -116,10 +117,11 @@ def _state_api_answers() -> bool | None:
 
 
 def start_train_coordinator(wait_s: float = 60.0) -> None:
-    """Start Ray Train's autoscaling coordinator (a detached actor, one per cluster) before the first run's
-    controller asks it for resources. That controller waits at most 5 s for the answer and then logs a
-    20-line `GetTimeoutError` traceback ("safe to ignore ... CPU being overloaded"), which is what a cold
-    coordinator on a busy 2-core machine takes (two sweeps starting at once, tests/e2e/test_many_hands.py).
+    """Start Ray Train's autoscaling coordinator before the first run's controller asks it for resources.
+
+    The coordinator is a detached actor, one per cluster. That controller waits at most 5 s for the answer and
+    then logs a 20-line `GetTimeoutError` traceback ("safe to ignore ... CPU being overloaded"), which is what a
+    cold coordinator on a busy 2-core machine takes (two sweeps starting at once, tests/e2e/test_many_hands.py).
     Started here (~0.4 s on an idle 2-core machine, the same start the first run would have made), every
     controller finds it answering. Best effort: a Ray without it, or one slower than `wait_s`, only logs
     what it logged before."""
@@ -155,8 +157,9 @@ def _lean_torch_trainer() -> type:
 
 @dataclass(frozen=True)
 class Ranks:
-    """A Train run's worker group: the spec's scaling, how many ranks, what each reserves, how long a
-    collective may hang."""
+    """A Train run's worker group: the spec's scaling, how many ranks, and what each reserves.
+
+    It also says how long a collective may hang."""
 
     scaling: ScalingSpec
     num_workers: int
@@ -165,8 +168,9 @@ class Ranks:
     accelerator_type: str = ""  # every rank on this type ("": any)
 
     def pinned(self) -> dict[str, Any]:
-        """How Ray Train pins the ranks to the type: a GPU type by Ray's own accelerator type, a CPU node
-        type by its nodes' label (`scaling.type_label`)."""
+        """Return how Ray Train pins the ranks to the type.
+
+        A GPU type by Ray's own accelerator type, a CPU node type by its nodes' label (`scaling.type_label`)."""
         if not self.accelerator_type:
             return {}
         if self.scaling.use_gpu:
@@ -208,8 +212,10 @@ def _torch_trainer(train_fn: Any, config: dict[str, Any], ranks: Ranks, name: st
 
 def make_trainer(cfg: TrialConfig, scaling: ScalingSpec, name: str, storage_path: str, callbacks: list[Any],
                  workdir: str | None = None) -> Any:
-    """A Ray Train `TorchTrainer` running the shared loop for one trial config, every rank in `workdir`
-    (the sweep driver's working directory) where that is on its node, else in Ray's run folder."""
+    """Build a Ray Train `TorchTrainer` running the shared loop for one trial config.
+
+    Every rank works in `workdir` (the sweep driver's working directory) where that is on its node, else in
+    Ray's run folder."""
     from trainables.train_functions import WORKDIR, cold_worker
 
     ranks = Ranks(scaling, cfg.num_workers or scaling.num_workers, scaling.cpus_per_rank(cfg.num_dataloader_workers),
@@ -219,10 +225,12 @@ def make_trainer(cfg: TrialConfig, scaling: ScalingSpec, name: str, storage_path
 
 def make_group_trainer(spec: SweepSpec, queue: Any, slot: int, name: str, storage_path: str,
                        group: tuple[str | None, tuple[int, str] | None] = (None, None)) -> Any:
-    """A warm group (`group`: every rank's working directory, as `make_trainer`'s, and its shape: its
-    number of ranks and accelerator type, default the spec's first): a `TorchTrainer` whose ranks serve
-    the trials of that shape in `queue` until it closes or asks for another shape. Each rank holds what
-    the largest trial of the space needs (loader workers included) for as long as it lives."""
+    """Build a warm group: a `TorchTrainer` whose ranks serve the trials of one shape in `queue`.
+
+    `group`: every rank's working directory, as `make_trainer`'s, and its shape: its number of ranks and
+    accelerator type, default the spec's first. The ranks serve trials until the queue closes or asks for
+    another shape. Each rank holds what the largest trial of the space needs (loader workers included) for
+    as long as it lives."""
     from trainables.train_functions import WORKDIR, pool_worker
 
     workdir, shape = group
@@ -248,8 +256,9 @@ class WarmFailure(Exception):
 
 def warm_reports(pool: Any, trial_id: str, cfg: TrialConfig, checkpoint_dir: str,
                  resume_from: str | None) -> Iterator[dict[str, Any]]:
-    """Hand a trial to a warm group and yield its reports until the final one; a failure raises
-    `WarmFailure` (with the last checkpoint the trial kept); a closed pool ends them early."""
+    """Hand a trial to a warm group and yield its reports until the final one.
+
+    A failure raises `WarmFailure` (with the last checkpoint the trial kept); a closed pool ends them early."""
     import ray
 
     ray.get(pool.submit.remote(trial_id, cfg.to_dict(), resume_from, checkpoint_dir))
@@ -290,9 +299,11 @@ def trace_dir(storage_path: str, name: str) -> str:
 
 def run_trial(config: dict[str, Any], spec: SweepSpec, storage_path: str, pool: Any = None,
               workdir: str | None = None) -> None:
-    """One Tune trial: the shared loop with the sampled config, in a Ray Train run of its own, or
-    (with `pool`, `scaling.reuse_workers`) in a warm group that serves trial after trial. `workdir`:
-    the driver's working directory, every rank's own (a warm group has it from its pool)."""
+    """Run one Tune trial: the shared loop with the sampled config.
+
+    It runs in a Ray Train run of its own, or (with `pool`, `scaling.reuse_workers`) in a warm group that serves
+    trial after trial. `workdir`: the driver's working directory, every rank's own (a warm group has it from its
+    pool)."""
     from ray.tune.integration.ray_train import TuneReportCallback
 
     quiet_ray_exit()  # this actor's end (Tune removes its placement group) prints no traceback

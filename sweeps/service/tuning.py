@@ -1,4 +1,5 @@
-"""The sweep's Ray and Tune, as its controller (`sweeps.service.controller.SweepController`) asks for them:
+"""The sweep's Ray and Tune, as its controller (`sweeps.service.controller.SweepController`) asks for them.
+
 Tune's settings, the warm pool and its queue, the wait watcher, the memory probe, and Tune's tuner over the
 trial driver (`sweeps.service.trial.run_trial`) with the sweep's searcher, scheduler, stopper and callback.
 
@@ -8,6 +9,8 @@ gives it a fake `RayTune`)."""
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -97,8 +100,10 @@ class RayTune:
         return free_for_sweep(self.waits.cluster) if self.waits is not None else None
 
     def tuner(self, callback: tune.Callback, restore: bool) -> tune.Tuner:
-        """Tune's tuner: restored (the searcher's state, the finished trials), or new with the sweep's searcher,
-        scheduler, stopper and `callback`."""
+        """Return Tune's tuner, restored or new.
+
+        Restored: the searcher's state, the finished trials; new: with the sweep's searcher, scheduler, stopper
+        and `callback`."""
         spec = self.spec
         trainable = tune.with_resources(
             tune.with_parameters(run_trial, spec=spec, storage_path=self.trials_dir,
@@ -119,9 +124,10 @@ class RayTune:
         )
 
     def first_group_s(self, timeout_s: float = 120.0) -> float | None:
-        """What the pool's first warm group took to start, less what it waited for resources other work held
-        (waiting for it, at most `timeout_s` beyond such a wait, and no longer than budget.max_queue_s allows);
-        None without a pool or in time."""
+        """Return what the pool's first warm group took to start, less what it waited for resources.
+
+        Those are resources other work held. It waits for the group at most `timeout_s` beyond such a wait, and no
+        longer than budget.max_queue_s allows; None without a pool or in time."""
         if self.pool is None:
             return None
         t0 = time.monotonic()
@@ -134,8 +140,9 @@ class RayTune:
         return None
 
     def probe(self, search: SearchState, echo: Callable[[str], None]) -> dict[str, str] | None:
-        """The memory probe (`search.probe_batch_size`), in the warm groups before the search; None where it
-        does not run (no pool, not asked for, or the sweep already waited past budget.max_queue_s)."""
+        """Run the memory probe (`search.probe_batch_size`) in the warm groups before the search.
+
+        None where it does not run (no pool, not asked for, or the sweep already waited past budget.max_queue_s)."""
         waited_out = self.waits is not None and self.waits.over  # budget.max_queue_s: Tune's first step halts
         if self.pool is None or not self.spec.search.probe_batch_size or waited_out:
             return None
@@ -144,10 +151,24 @@ class RayTune:
         return probe_frontier(self.spec, self.pool.queue, search, echo)
 
     def join(self, stopped: bool) -> list[tuple[Shape, float, str]] | None:
-        """Close the warm pool and wait for its groups (less long when the sweep was `stopped`); each group that
-        started (`WarmPool.join`), None without a pool."""
+        """Close the warm pool and wait for its groups, less long when the sweep was `stopped`.
+
+        Returns each group that started (`WarmPool.join`), None without a pool."""
         if self.pool is None:
             return None
         groups = self.pool.join(timeout_s=10.0 if stopped else 30.0)
         self.lives = self.pool.lives
         return groups
+
+
+def interrupt_tune() -> bool:
+    """End the Tune run as Ctrl+C does; False where nobody listens.
+
+    Tune saves its state with the running trials unfinished, and `Tuner.restore` runs them again. Tune listens for SIGINT only when it runs in the main
+    thread, where it replaces Python's default handler; anywhere else (or with the default handler
+    still in place) there is nobody to tell, and the caller stops the trials another way."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) in (signal.default_int_handler, signal.SIG_DFL, signal.SIG_IGN, None):
+        return False
+    signal.raise_signal(signal.SIGINT)
+    return True

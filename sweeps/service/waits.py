@@ -1,6 +1,8 @@
-"""Waiting for resources other work holds. On a shared cluster a sweep asks for a worker group (a Ray placement
-group, one bundle per rank) that what is free cannot hold yet, and Ray keeps it pending until other jobs release
-theirs: a warm group is held until its sweep ends, between trials too (docs/howto/clusters.md).
+"""Wait for resources other work holds, saying what the sweep waits for and booking the time apart.
+
+On a shared cluster a sweep asks for a worker group (a Ray placement group, one bundle per rank) that what is
+free cannot hold yet, and Ray keeps it pending until other jobs release theirs: a warm group is held until its
+sweep ends, between trials too (docs/howto/clusters.md).
 
 ```
  WaitWatcher (a thread of the driver, every SAMPLE_S)
@@ -59,10 +61,12 @@ class Placement:
 
 
 def job_groups(job_id: str) -> list[Placement]:
-    """The job's worker placement groups that Ray has not removed, from Ray's table of every job's groups (public:
-    `ray.util.placement_group_table`). Ray names no group's job there; a group's id ends with the id of the job
-    that made it (`ray.PlacementGroupID.of(job)`, tests/service/test_ray_private.py fails loudly when that changes). Tune's
-    groups for the trials' drivers (no CPU, no GPU: `sweeps.service.resources.DRIVER_RESOURCES`) are left out."""
+    """Return the job's worker placement groups that Ray has not removed.
+
+    They come from Ray's table of every job's groups (public: `ray.util.placement_group_table`). Ray names no
+    group's job there; a group's id ends with the id of the job that made it (`ray.PlacementGroupID.of(job)`,
+    tests/service/test_ray_private.py fails loudly when that changes). Tune's groups for the trials' drivers (no CPU, no
+    GPU: `sweeps.service.resources.DRIVER_RESOURCES`) are left out."""
     from ray.util import placement_group_table
 
     found = []
@@ -128,8 +132,10 @@ def _summed(needs: Iterable[dict[str, float]]) -> dict[str, float]:
 
 
 def free_for_sweep(cluster: Cluster) -> dict[str, float]:
-    """What this sweep may use now: what nobody holds, and what its own groups hold already (its first warm group
-    may be placed by the time this is asked)."""
+    """Return what this sweep may use now.
+
+    What nobody holds, and what its own groups hold already (its first warm group may be placed by the time
+    this is asked)."""
     ours, free = _summed(g.needs() for g in cluster.groups() if not g.pending), cluster.free()
     return {k: free.get(k, 0.0) + ours[k] for k in _KINDS}
 
@@ -153,9 +159,10 @@ def holders_said(group: Placement, cluster: Cluster) -> str:
 
 
 class WaitWatcher:
-    """Watches the sweep wait for resources (see the module doc): `sample` once, or `start` a thread that samples
-    every `SAMPLE_S` until `stop`. `starts`: the warm pool's, None without one (a cold trial's wait is said and
-    limited alike, but stays in its trial's time)."""
+    """Watches the sweep wait for resources (see the module doc).
+
+    `sample` once, or `start` a thread that samples every `SAMPLE_S` until `stop`. `starts`: the warm pool's,
+    None without one (a cold trial's wait is said and limited alike, but stays in its trial's time)."""
 
     def __init__(self, spec: SweepSpec, echo: Callable[[str], None], cluster: Cluster, starts: Starts | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:

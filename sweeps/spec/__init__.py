@@ -1,5 +1,9 @@
-"""The sweep spec: strict YAML -> typed, frozen models, one small model per section (each field with its
-doc), the rules across sections apart (`rules`), loading apart (`load`).
+"""The sweep spec: strict YAML -> typed, frozen models, one small model per section.
+
+Each field carries its doc. The `objective` (`objective`), the `space` (`space`, in the parameter vocabulary
+of `params`), the `cost` (`cost`) and the other sections (`sections`) make up the whole spec (`sweep`); the
+rules across sections live apart (`cross_checks`), and so do loading (`load`) and the problems found
+(`problems`).
 
 Every problem is reported at once, each with its field path, YAML line, the bad value and what is
 allowed. Loading runs no code: `yaml.safe_load` semantics, aliases refused. The loop's knobs in `space`

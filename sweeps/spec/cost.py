@@ -1,5 +1,6 @@
-"""The spec's `cost` section: what each accelerator type costs per device-hour, with the date and the source
-of each price. Prices are the user's data, never defaults in code: a sweep without them logs no money
+"""The spec's `cost` section: what each accelerator type costs per device-hour, with each price's date and source.
+
+Prices are the user's data, never defaults in code: a sweep without them logs no money
 figure. A price file holds the same rows (CSV, or YAML shaped like `cost.prices`); `examples/prices.csv`
 is an example with dated public prices and their sources.
 
@@ -49,9 +50,10 @@ def _problem(exc: ValidationError) -> str:
 
 
 def read_price_file(path: str) -> dict[str, Price]:
-    """The prices in a file: CSV with the header accelerator_type,usd_per_hour,date,source, or YAML
-    mapping each type to {usd_per_hour, date, source}. A bad row raises `ValueError` naming its line (or
-    key) and field."""
+    """Read the prices in a file.
+
+    CSV with the header accelerator_type,usd_per_hour,date,source, or YAML mapping each type to
+    {usd_per_hour, date, source}. A bad row raises `ValueError` naming its line (or key) and field."""
     file = Path(path)
     try:
         text = file.read_text()
@@ -151,8 +153,10 @@ def accelerator_types(spec: Any) -> list[str]:
 
 
 def priced_type(spec: Any, kind: str) -> str | None:
-    """The price list's type a trial pinned to `kind` ("" : not pinned) is priced as: its own type; an
-    unpinned CPU trial is `cpu`; an unpinned GPU trial the one GPU type priced (None when there are several)."""
+    """Return the price list's type a trial pinned to `kind` ("" : not pinned) is priced as.
+
+    Its own type; an unpinned CPU trial is `cpu`; an unpinned GPU trial the one GPU type priced (None when there
+    are several)."""
     if kind:
         return kind
     if not spec.scaling.use_gpu:
@@ -162,9 +166,10 @@ def priced_type(spec: Any, kind: str) -> str | None:
 
 
 def held_loader_workers(spec: Any, loader_workers: int) -> int:
-    """The loader workers' share a trial's ranks hold: in a warm group (`scaling.reuse_workers`), the most any
-    trial of the space starts, since the group is started with that many and holds them while it serves
-    any trial; a trial of its own holds its own."""
+    """Return the loader workers' share a trial's ranks hold.
+
+    In a warm group (`scaling.reuse_workers`), the most any trial of the space starts, since the group is
+    started with that many and holds them while it serves any trial; a trial of its own holds its own."""
     from sweeps.spec.params import param_values
 
     if not spec.scaling.reuse_workers:
@@ -173,8 +178,9 @@ def held_loader_workers(spec: Any, loader_workers: int) -> int:
 
 
 def devices(spec: Any, num_workers: int, loader_workers: int) -> float:
-    """What a trial's price is multiplied by: its GPUs, or on CPU the cores it holds (loaders included:
-    `held_loader_workers`)."""
+    """Return what a trial's price is multiplied by.
+
+    Its GPUs, or on CPU the cores it holds (loaders included: `held_loader_workers`)."""
     held = spec.scaling.per_trial(held_loader_workers(spec, loader_workers), num_workers)
     return held["GPU"] if spec.scaling.use_gpu else held["CPU"]
 

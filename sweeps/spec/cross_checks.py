@@ -1,6 +1,8 @@
-"""The rules across the spec's sections, one small function each: it returns the problem it finds as
-"field.path: what is wrong and the fix" ("" when none; the message in its docstring), and `RULES` runs
-them in order. A section's own rules live with its model (`sections.py`, `objective.py`, `space.py`)."""
+"""The rules across the spec's sections, one small function each, run in order by `RULES`.
+
+Each returns the problem it finds as "field.path: what is wrong and the fix" ("" when none); its docstring
+is that message, or, where the message is longer than a line, a summary and then the message. A section's
+own rules live with its model (`sections.py`, `objective.py`, `space.py`)."""
 
 from __future__ import annotations
 
@@ -34,7 +36,9 @@ def asha_ranks_by_one_metric(spec: SweepSpec) -> str:
 
 
 def asha_on_a_target_counts_seconds(spec: SweepSpec) -> str:
-    """search.early_stopping: with objective.target, ASHA compares trials ... at equal training time; give
+    """With a target, ASHA's grace period is in seconds of training (grace_s), not in steps.
+
+    search.early_stopping: with objective.target, ASHA compares trials ... at equal training time; give
     grace_s ... instead of grace_steps"""
     es, target = spec.search.early_stopping, spec.objective.target
     if es is not None and spec.objective.time_to_target and es.grace_s is None and target is not None:
@@ -54,7 +58,9 @@ def grace_s_is_for_a_target(spec: SweepSpec) -> str:
 
 
 def asha_reads_progress_reports(spec: SweepSpec) -> str:
-    """search.early_stopping: ASHA compares trials on their progress reports, and <metric> is only in a
+    """ASHA needs an objective metric that progress reports carry, not one only in a trial's final report.
+
+    search.early_stopping: ASHA compares trials on their progress reports, and <metric> is only in a
     trial's final report ...; stop early on a throughput objective, or remove early_stopping"""
     es, primary = spec.search.early_stopping, spec.objective.primary
     if es is not None and not spec.objective.time_to_target and is_final_only(primary):
@@ -74,7 +80,9 @@ def grace_below_num_steps(spec: SweepSpec) -> str:
 
 
 def asha_on_steps_without_time_boxes(spec: SweepSpec) -> str:
-    """budget.max_window_s: N would end trials before num_steps, where ASHA ... compares and ends them at
+    """ASHA on steps refuses a max_window_s that would end trials before num_steps.
+
+    budget.max_window_s: N would end trials before num_steps, where ASHA ... compares and ends them at
     equal steps; remove max_window_s, or remove early_stopping"""
     es, b = spec.search.early_stopping, spec.budget
     boxed = [k for k in ("max_window_s", "max_warmup_s") if getattr(b, k)]
@@ -86,7 +94,9 @@ def asha_on_steps_without_time_boxes(spec: SweepSpec) -> str:
 
 
 def a_target_sets_the_length(spec: SweepSpec) -> str:
-    """budget.max_window_s / max_warmup_s: with objective.target the target sets each trial's length ...;
+    """With a target, the target sets each trial's length: no time boxes.
+
+    budget.max_window_s / max_warmup_s: with objective.target the target sets each trial's length ...;
     remove them"""
     if spec.objective.target is not None and (spec.budget.max_window_s or spec.budget.max_warmup_s):
         return ("budget.max_window_s / max_warmup_s: with objective.target the target sets each trial's length "
@@ -95,7 +105,9 @@ def a_target_sets_the_length(spec: SweepSpec) -> str:
 
 
 def asha_on_steps_without_min_window(spec: SweepSpec) -> str:
-    """budget.min_window_s: N would run trials past num_steps, where ASHA ... compares and ends them at equal
+    """ASHA on steps refuses a min_window_s that would run trials past num_steps.
+
+    budget.min_window_s: N would run trials past num_steps, where ASHA ... compares and ends them at equal
     steps; remove min_window_s and give a num_steps long enough, or remove early_stopping"""
     es, b = spec.search.early_stopping, spec.budget
     if es is not None and es.grace_steps is not None and b.min_window_s:
@@ -106,7 +118,9 @@ def asha_on_steps_without_min_window(spec: SweepSpec) -> str:
 
 
 def asha_needs_equal_steps(spec: SweepSpec) -> str:
-    """search.early_stopping: ASHA compares trials at equal steps, which an equal-data budget does not give;
+    """ASHA needs equal steps, which an equal-data budget does not give.
+
+    search.early_stopping: ASHA compares trials at equal steps, which an equal-data budget does not give;
     use budget.num_steps ..., add an objective.target ..., or remove it"""
     es = spec.search.early_stopping
     if es is not None and not spec.objective.time_to_target and spec.budget.num_steps is None:
@@ -126,7 +140,9 @@ def a_target_is_checked_every_few_steps(spec: SweepSpec) -> str:
 
 
 def a_target_is_not_measured_across_restarts(spec: SweepSpec) -> str:
-    """objective.target: a time to target cannot be measured across a restart; set
+    """A time to target needs checkpoints off: it cannot be measured across a restart.
+
+    objective.target: a time to target cannot be measured across a restart; set
     budget.checkpoint_every_steps: 0 ..."""
     if spec.objective.target is not None and spec.budget.checkpoint_every_steps:
         return ("objective.target: a time to target cannot be measured across a restart; set "
@@ -135,7 +151,9 @@ def a_target_is_not_measured_across_restarts(spec: SweepSpec) -> str:
 
 
 def a_target_is_an_evaluated_metric(spec: SweepSpec) -> str:
-    """objective.target.metric: <metric> is not measured by an evaluation; use loss/val or an eval/<name>
+    """A target's metric must be one an evaluation measures.
+
+    objective.target.metric: <metric> is not measured by an evaluation; use loss/val or an eval/<name>
     metric"""
     t = spec.objective.target
     if t is not None and not is_final_only(t.metric):
@@ -169,7 +187,9 @@ def the_probe_needs_a_searched_batch(spec: SweepSpec) -> str:
 
 
 def a_grid_runs_each_point_once(spec: SweepSpec) -> str:
-    """budget.num_trials: the grid has N combinations (...); set num_trials: N (and the grid's own: a knob
+    """A grid runs each of its points once: num_trials is its number of combinations.
+
+    budget.num_trials: the grid has N combinations (...); set num_trials: N (and the grid's own: a knob
     with no finite set of values)"""
     if spec.search.algorithm != "grid":
         return ""
@@ -192,7 +212,9 @@ def the_worker_count_in_one_place(spec: SweepSpec) -> str:
 
 
 def the_trainables_own_params_declared(spec: SweepSpec) -> str:
-    """space.params.<name>: also set in trainable.params; keep it in one place ... (or the trainable's own
+    """A trainable's own param is set in one place, to a value the trainable accepts.
+
+    space.params.<name>: also set in trainable.params; keep it in one place ... (or the trainable's own
     problem with the value)"""
     from sweeps.spec.params import param_values
 

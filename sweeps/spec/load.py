@@ -1,5 +1,6 @@
-"""Loading a spec: strict YAML (no code run, no aliases, bounded depth) -> `SweepSpec`, every problem
-reported at once with its YAML line, field path, the bad value and what is allowed."""
+"""Load a spec: strict YAML (no code run, no aliases, bounded depth) -> `SweepSpec`.
+
+Every problem is reported at once with its YAML line, field path, the bad value and what is allowed."""
 
 from __future__ import annotations
 
@@ -87,9 +88,10 @@ def _problem(err: dict[str, Any], lines: dict[tuple[str, ...], int]) -> SpecProb
 
 
 def parse_spec(text: str, source: str = "<spec>", prices: dict[str, Any] | None = None) -> SweepSpec:
-    """Validate YAML text into a `SweepSpec` or raise `SpecError` listing every problem. `prices`: those a
-    sweep of this spec read from its `cost.price_file` when it started (`CostSpec.saved`), used instead of
-    reading the file again."""
+    """Validate YAML text into a `SweepSpec` or raise `SpecError` listing every problem.
+
+    `prices`: those a sweep of this spec read from its `cost.price_file` when it started (`CostSpec.saved`),
+    used instead of reading the file again."""
     try:
         loader = _NoAliasLoader(text)
         try:

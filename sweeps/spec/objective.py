@@ -1,5 +1,7 @@
-"""The `objective` section: what trials are ranked by (one metric, or several: a Pareto front), the
-constraints a trial must meet to count, and a quality target for time to target."""
+"""The `objective` section: what trials are ranked by, and what they must meet to count.
+
+One metric, or several: a Pareto front; the constraints a trial must meet to count, and a quality target
+for time to target."""
 
 from __future__ import annotations
 
@@ -148,8 +150,9 @@ class ObjectiveSpec(BaseModel):
 
     @property
     def time_to_target(self) -> bool:
-        """Ranked by what it takes to reach a target (time or dollars, `TO_TARGET_METRICS`): ASHA then
-        compares the target metric at equal training time, and a trial that never reached it missed it."""
+        """Whether trials are ranked by what it takes to reach a target (time or dollars, `TO_TARGET_METRICS`).
+
+        ASHA then compares the target metric at equal training time, and a trial that never reached it missed it."""
         return self.target is not None and self.primary in TO_TARGET_METRICS
 
     @property
@@ -158,8 +161,10 @@ class ObjectiveSpec(BaseModel):
 
     @property
     def speed_only(self) -> bool:
-        """Every objective metric measures speed (throughput, step time, energy per item) and nothing
-        constrains quality: what a time box may shorten without changing what is compared."""
+        """Whether every objective metric measures speed and nothing constrains quality.
+
+        Speed: throughput, step time, energy per item. That is what a time box may shorten without changing what
+        is compared."""
         return not self.constraints and all(m.startswith(("throughput/", "time/step_ms", "energy/"))
                                             for m in self.metrics)
 

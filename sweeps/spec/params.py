@@ -1,5 +1,6 @@
-"""The parameter vocabulary (Optuna's): `{type: float|int|categorical, low, high, log, step, choices}`, or
-a plain value, held fixed."""
+"""The parameter vocabulary (Optuna's), or a plain value, held fixed.
+
+`{type: float|int|categorical, low, high, log, step, choices}`."""
 
 from __future__ import annotations
 

@@ -31,8 +31,9 @@ class SpecError(InputError):
 
 
 class RuleProblems(Exception):
-    """What the rules across sections found (`sweeps.spec.cross_checks`), each "field.path: message": raised past
-    pydantic (which wraps only ValueError) so that `parse_spec` reports each with its own line."""
+    """What the rules across sections found (`sweeps.spec.cross_checks`), each "field.path: message".
+
+    Raised past pydantic (which wraps only ValueError) so that `parse_spec` reports each with its own line."""
 
     def __init__(self, problems: list[str]) -> None:
         super().__init__("; ".join(problems))

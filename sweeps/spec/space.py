@@ -1,5 +1,6 @@
-"""The `space` section: the loop's knobs and the trainable's own params (`params.<name>`), each fixed or
-searched. The knobs, their types, defaults, rules and help come from their one declaration,
+"""The `space` section: the loop's knobs and the trainable's own params (`params.<name>`), each fixed or searched.
+
+The knobs, their types, defaults, rules and help come from their one declaration,
 `trainables.knobs.LoopKnobs`; a field here says only that the spec may name the knob."""
 
 from __future__ import annotations

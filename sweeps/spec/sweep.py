@@ -1,5 +1,7 @@
-"""The whole spec: its sections (each its own model), defaults that depend on another section, and the
-rules across sections (`rules.RULES`), all run at construction."""
+"""The whole spec: its sections, defaults that depend on another section, and the rules across sections.
+
+Each section is its own model; the rules across sections (`sweeps.spec.cross_checks.RULES`) all run at
+construction."""
 
 from __future__ import annotations
 

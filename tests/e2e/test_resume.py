@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from sweeps.cli import EXIT_UNFINISHED, main
+from sweeps.cli import main
+from sweeps.exits import ExitCode
 from sweeps.results.outcome import TrialRow, end_status
 from sweeps.service.runner import run_sweep
 from sweeps.service.saved_state import STATE_FILE, SweepExists, SweepState, spec_digest, why_ended
@@ -105,7 +106,7 @@ def test_a_stopped_driver_resumes_without_losing_or_duplicating(ray_cluster: Non
         (gate / "open").touch()  # the resumed trial 2 goes on
     assert before, f"the sweep never reached its second trial:\n{out[-3000:]}"
     if signals[0] == signal.SIGTERM:  # a scheduler's stop: exit 4, "resumable", the resume command, one parent run
-        assert driver.returncode == EXIT_UNFINISHED, out[-3000:]
+        assert driver.returncode == ExitCode.RESUMABLE, out[-3000:]
         assert "Traceback" not in out and "Aborted" not in out and "SIGTERM received" in out, out[-3000:]
         assert "sweeps resume resumable" in out, out[-3000:]
         if len(signals) == 1:  # the graceful stop ran to its end: the trial was marked, the report drawn

@@ -156,7 +156,7 @@ def test_take_items_cuts_every_tensor_or_refuses() -> None:
 
 
 def test_the_spread_is_taken_over_sub_windows_of_equal_steps() -> None:
-    from trainables.loop import _spread
+    from trainables.window import spread
 
     # before an extension: marks every 3 steps, the host's jitter makes each 3-step span alternate
     # 0.02 s / 0.04 s (10 items a step); after it, marks every 30 steps at exactly 0.3 s each
@@ -167,9 +167,9 @@ def test_the_spread_is_taken_over_sub_windows_of_equal_steps() -> None:
     for k in range(2, 11):
         t += 0.3
         marks.append((t, 300 * k, 30 * k))
-    assert _spread(marks, CPU) == pytest.approx(0.0, abs=1e-6)  # the dense marks merge into one 30-step span
-    assert _spread(marks[:11], CPU) > 30  # alone, the 3-step spans differ by a factor of 2
-    assert _spread(marks[:3], CPU) is None  # fewer than 3 sub-windows: absent, not a made-up figure
+    assert spread(marks, CPU) == pytest.approx(0.0, abs=1e-6)  # the dense marks merge into one 30-step span
+    assert spread(marks[:11], CPU) > 30  # alone, the 3-step spans differ by a factor of 2
+    assert spread(marks[:3], CPU) is None  # fewer than 3 sub-windows: absent, not a made-up figure
 
 
 class _SlowReporter(ListReporter):

@@ -198,7 +198,8 @@ def test_a_crashed_rank_resumes_a_hung_peer_times_out_and_a_full_disk_halts_the_
 
 def test_a_full_disk_on_the_driver_says_so_and_how_to_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    from sweeps.cli import EXIT_UNFINISHED, main
+    from sweeps.cli import main
+    from sweeps.exits import ExitCode
     from sweeps.service import runner
 
     def fills_the_disk(*args: object, **kwargs: object) -> None:  # e.g. writing sweep.json or Tune's state
@@ -208,6 +209,6 @@ def test_a_full_disk_on_the_driver_says_so_and_how_to_resume(tmp_path: Path, mon
     monkeypatch.setattr(runner, "run_sweep", fills_the_disk)
     (tmp_path / "s.yaml").write_text(f"name: full\ntrainable: {{name: mlp-tabular}}\nbudget: {{num_trials: 1, num_steps: 5}}\n"
                                      f"storage_path: {tmp_path / 'r'}\n")
-    assert main(["run", str(tmp_path / "s.yaml")]) == EXIT_UNFINISHED
+    assert main(["run", str(tmp_path / "s.yaml")]) == ExitCode.RESUMABLE
     err = capsys.readouterr().err
     assert "the disk is full (No space left on device" in err and f"sweeps resume full --storage-path {tmp_path / 'r'}" in err

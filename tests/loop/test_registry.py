@@ -16,6 +16,7 @@ from sweeps.service.failures import classify
 from trainables import contract, registry
 from trainables.batches import move_to_device
 from trainables.contract import TrialConfig
+from trainables.length import TrialLength
 from trainables.loop import _make_schedule, train
 from trainables.loop_errors import WorkloadError
 from trainables.reporting import ListReporter
@@ -109,7 +110,7 @@ def test_clipping_bounds_the_true_gradient_after_unscaling(precision: str, tmp_p
 def test_lr_warmup_then_cosine_to_zero() -> None:
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     cfg = _cfg("mlp-tabular", num_warmup_steps=2, num_steps=8, lr_warmup_steps=4, lr_schedule="cosine")
-    sched = _make_schedule(opt, cfg)
+    sched = _make_schedule(opt, cfg, TrialLength(cfg, 1))
     assert sched is not None
     rates = []
     for _ in range(10):
@@ -118,7 +119,8 @@ def test_lr_warmup_then_cosine_to_zero() -> None:
         sched.step()
     assert rates[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
     assert rates[4] == pytest.approx(1.0) and rates[-1] < 0.1 and rates == sorted(rates[:5]) + rates[5:]
-    assert _make_schedule(opt, _cfg("mlp-tabular")) is None  # constant, no warm-up: nothing added to the step
+    constant = _cfg("mlp-tabular")
+    assert _make_schedule(opt, constant, TrialLength(constant, 1)) is None  # constant, no warm-up: nothing added
 
 
 def test_streaming_dataset_shards_itself_and_runs_with_loader_workers(tmp_path: Path) -> None:

@@ -87,11 +87,11 @@ def test_metrics_table_is_the_contract() -> None:
 
 def test_failure_kinds_and_exit_codes_are_documented() -> None:
     from sweeps.exits import EXIT_CODES, ExitCode
-    from sweeps.service.failures import KINDS
+    from sweeps.service.failures import KIND_MEANING
 
     page = docs.exit_codes_page()
     assert set(EXIT_CODES) == set(ExitCode)
-    assert all(f"| `{kind}` |" in page for kind in KINDS)
+    assert all(f"| `{kind}` |" in page for kind in KIND_MEANING)
     # the README's own table: every code the CLI returns, and no other
     section = (ROOT / "README.md").read_text().split("## Exit codes", 1)[1].split("\n## ", 1)[0]
     rows = {int(line.split("|")[1]) for line in section.splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()}

@@ -1,5 +1,8 @@
-"""The sweep's Tune callback on its own: Tune's hooks reach the live controller with the trial's id, and a
-pickled callback comes back as the live controller's (the controller's own work: tests/service/test_controller.py)."""
+"""The sweep's Tune callback on its own (`sweeps/service/callback.py`).
+
+Tune's hooks reach the live controller with the trial's id, and a pickled callback comes back as the live
+controller's; halting interrupts Tune only where Tune listens (`sweeps.service.tuning.interrupt_tune`). The
+controller's own work: tests/service/test_controller.py."""
 
 from __future__ import annotations
 
@@ -58,16 +61,16 @@ def test_a_pickled_callback_comes_back_as_the_live_controllers_or_inert_outside_
 def test_halting_interrupts_tune_through_its_sigint_handler_only_when_one_listens() -> None:
     import signal
 
-    from sweeps.service.callback import _interrupt_tune
+    from sweeps.service.tuning import interrupt_tune
 
     heard: list[int] = []
     # a shell's background job starts with SIGINT ignored: set each handler the test needs explicitly
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        assert _interrupt_tune() is False  # no Tune listening: nothing is raised, the caller stops trials instead
+        assert interrupt_tune() is False  # no Tune listening: nothing is raised, the caller stops trials instead
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        assert _interrupt_tune() is False
+        assert interrupt_tune() is False
         signal.signal(signal.SIGINT, lambda signum, frame: heard.append(signum))
-        assert _interrupt_tune() is True and heard == [signal.SIGINT]
+        assert interrupt_tune() is True and heard == [signal.SIGINT]
     finally:
         signal.signal(signal.SIGINT, previous)

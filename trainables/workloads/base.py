@@ -98,9 +98,11 @@ _prep_depth = 0  # nesting of the calls that are making data (a `write` may call
 
 
 def prepared() -> tuple[float, int]:
-    """This process's totals so far, (seconds making data, calls): work a node does once, which no later
-    trial with the same data repeats. The loop reports a trial's share as `time/data_prep_s`, and only
-    where its workload keeps its data through `ensure_cached` (else it cannot tell)."""
+    """Return this process's totals so far: (seconds making data, calls).
+
+    Making data is work a node does once, which no later trial with the same data repeats. The loop reports a
+    trial's share as `time/data_prep_s`, and only where its workload keeps its data through `ensure_cached` (else
+    it cannot tell)."""
     with _PREP_LOCK:
         return _prep_s, _prep_calls
 
