@@ -230,7 +230,10 @@ class SweepTracker:
         self.client.set_terminated(run_id, "FINISHED" if ok else "KILLED" if kind == "interrupted" else "FAILED")
 
     def end_sweep(self, status: str, metrics: dict[str, float], tags: dict[str, str]) -> None:
-        """Close the parent run: FINISHED, or KILLED when the sweep stopped early and can be resumed."""
+        """Close the parent run with its metrics, tags and status.
+
+        FINISHED; KILLED when the sweep stopped early and can be resumed; FAILED when it ended and no trial
+        finished."""
         assert self.parent_id is not None
         now = int(time.time() * 1000)
         self.client.log_batch(

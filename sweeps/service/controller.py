@@ -462,8 +462,10 @@ class SweepController:
                  f"calls were not logged and are saved in {path}")
             tags["sweep.tracking"] = f"degraded: {len(tracker.pending)} calls saved in {path}"
         try:
-            tracker.end_sweep("KILLED" if outcome.interrupted else "FINISHED", metrics, tags)
-            tracker.set_note(sweep_note(outcome))  # the run's description in the UI: the answer, in words
+            # KILLED: resumable; FAILED: it ended and no trial finished (a rerun leaves it alone, as a FINISHED one)
+            tracker.end_sweep("KILLED" if outcome.interrupted else "FINISHED" if outcome.best else "FAILED", metrics, tags)
+            # the run's description in the UI: the answer, in words (the experiment keeps its last one beside none)
+            tracker.set_note(sweep_note(outcome), answered=outcome.best is not None)
         except Exception as exc:  # noqa: BLE001 - the trials are done; say what was not recorded
             echo(f"WARNING: could not close the MLflow parent run ({type(exc).__name__}: {exc})")
 

@@ -234,17 +234,19 @@ class SweepState:
 
 # Ray Tune's end states: a restored run starts neither again (`resume_errored=False`, `restart_errored=False`)
 _TUNE_ENDED = ("TERMINATED", "ERROR")
+CONCLUDED = ("FINISHED", "FAILED")  # a parent run its last driver concluded: with an answer, or with none
 
 
 def why_ended(num_trials: int, parent_status: str, parent_tags: dict[str, str], rows: list[TrialRow],
               tune_statuses: list[str]) -> str:
     """Say why a saved sweep has nothing left to run; "" when a resume has work to do, or when that is not certain.
 
-    A sweep ended when its last driver concluded it (its MLflow parent run FINISHED: neither stopped before
+    A sweep ended when its last driver concluded it (its MLflow parent run FINISHED, or FAILED when no trial
+    finished: neither stopped before
     its end nor killed while it ran), every trial ended (on its MLflow run and in Tune's saved state, which a
     resume restores), and Tune starts no new one: the budget's trials all ran, or the breaker stopped the
     sweep, or it ran out of configurations or of its time budget."""
-    if parent_status != "FINISHED" or parent_tags.get("sweep.interrupted"):
+    if parent_status not in CONCLUDED or parent_tags.get("sweep.interrupted"):
         return ""
     if any(r.status in UNFINISHED for r in rows) or any(s not in _TUNE_ENDED for s in tune_statuses):
         return ""
@@ -268,7 +270,7 @@ def nothing_left(spec: SweepSpec, state: SweepState, client: Any) -> str:
     from sweeps.tracking import child_runs
 
     parent = client.get_run(state.parent_run_id)
-    if parent.info.status != "FINISHED":  # the common case, a stopped sweep: nothing more to read
+    if parent.info.status not in CONCLUDED:  # the common case, a stopped sweep: nothing more to read
         return ""
     statuses = tune_statuses(experiment_dir(spec))
     if statuses is None:

@@ -219,6 +219,8 @@ def test_a_sweep_has_ended_only_when_its_driver_concluded_it_and_tune_has_nothin
 
     ok4, tune4 = rows("ok", "ok", "oom", "ok"), ["TERMINATED", "TERMINATED", "ERROR", "TERMINATED"]
     assert why_ended(4, "FINISHED", {}, ok4, tune4) == "all 4 trials of its budget ended"
+    failed4 = rows("error", "error", "error", "error")  # no trial finished: FAILED, and ended all the same
+    assert why_ended(4, "FAILED", {}, failed4, tune4) == "all 4 trials of its budget ended"
     assert why_ended(4, "KILLED", {"sweep.interrupted": "Ctrl+C"}, ok4, tune4) == ""  # stopped before its end
     assert why_ended(4, "RUNNING", {}, ok4, tune4) == ""  # its driver was killed outright
     assert why_ended(4, "FINISHED", {}, rows("ok", "ok", "oom", "interrupted"), tune4) == ""

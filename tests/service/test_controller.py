@@ -78,8 +78,8 @@ class FakeTracker:
     def end_sweep(self, status: str, metrics: dict[str, float], tags: dict[str, str]) -> None:
         self.calls.append(("end_sweep", status, metrics, tags))
 
-    def set_note(self, markdown: str) -> None:
-        self.calls.append(("set_note", markdown.split("\n", 1)[0]))
+    def set_note(self, markdown: str, answered: bool = True) -> None:
+        self.calls.append(("set_note", markdown.split("\n", 1)[0], answered))
 
     def said(self, verb: str) -> list[tuple[Any, ...]]:
         return [c[1:] for c in self.calls if c[0] == verb]
@@ -250,6 +250,11 @@ def test_the_same_error_twice_in_a_row_trips_the_breaker_once(tmp_path: Path) ->
     assert controller.search.tripped == why and lines[-1] == f"STOPPING the sweep: {why}. Fix that, then run the sweep again."
     assert sum(line.startswith("STOPPING") for line in lines) == 1
     assert [c[2] for c in tracker.said("end_trial")] == ["error", "error", "error"]
+    # it ended and no trial finished: the parent run FAILED, not FINISHED, and the experiment keeps its last
+    # answer beside this one's none (issue 50, item 10)
+    controller._conclude(ok=True, wall=3.0, report=False)
+    assert tracker.said("end_sweep")[0][0] == "FAILED"
+    assert tracker.said("set_note")[0][1] is False
 
 
 def test_a_halt_a_trial_asks_for_concludes_the_sweep_interrupted_and_resumable(tmp_path: Path) -> None:
