@@ -192,8 +192,7 @@ def _breakdown(plt: Any, ranked: list[TrialRow], metric: str) -> tuple[Any, str 
 
 
 _TRACE_PARTS = ((TRACE_COMPUTE_PCT, "compute", "#1f77b4"), (TRACE_EXPOSED_PCT, "exposed all-reduce", "#9467bd"),
-                (TRACE_DATA_WAIT_PCT, "waiting for data", "#d62728"),
-                (TRACE_IDLE_PCT, "idle (overhead, other waits)", "#c7c7c7"))
+                (TRACE_DATA_WAIT_PCT, "waiting for data", "#d62728"), (TRACE_IDLE_PCT, "idle (overhead, other waits)", "#c7c7c7"))
 TRACE_HOW_TO_OPEN = ("Each trial's MLflow run keeps one trace per rank, trace/rank-N.pt.trace.json.gz (its last warm-up "
                      "steps): download it from the run's artifacts and open it in Perfetto (ui.perfetto.dev) or "
                      "chrome://tracing.")
