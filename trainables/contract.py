@@ -13,86 +13,111 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainables.knobs import KNOBS, LR_SCHEDULES, PRECISIONS, LoopKnobs  # noqa: F401 - the vocabulary, re-exported
-from trainables.metrics import METRICS, UNITS
+from trainables.metrics import (  # noqa: F401 - every key, declared there once, re-exported
+    ALLREDUCE_WAIT_PCT,
+    BUILD_S,
+    COST_PREFIX,
+    CPU_CORES_USED,
+    CPU_LOADERS_PCT,
+    CPU_OTHER_CORES,
+    CPU_WORKER_PCT,
+    DATA_PREP_S,
+    DATA_WAIT_PCT,
+    DEVICE_PREFIX,
+    ELAPSED_S,
+    ENERGY_PREFIX,
+    ENERGY_TOTAL_J,
+    EVAL_PREFIX,
+    EVAL_TOTAL_S,
+    EVALS,
+    FINAL,
+    GPU_MEM_PEAK_GIB,
+    GPU_OTHER_PROCS,
+    GPU_POWER_MEAN_W,
+    GPU_SM_ACTIVE_PCT,
+    GPU_SM_CLOCK_MEAN_MHZ,
+    GPU_TEMP_MAX_C,
+    GPU_TENSOR_ACTIVE_PCT,
+    GPU_UTIL_MEAN_PCT,
+    GPU_UTIL_P10_PCT,
+    GRAD_NOISE_SCALE,
+    H2D_BW_PCT,
+    H2D_COPY_PCT,
+    H2D_GB_PER_S,
+    INPUT_SOL_PCT,
+    LOOP_S,
+    LOSS_TRAIN,
+    LOSS_VAL,
+    MEM_HEADROOM_GIB,
+    MEM_MAX_ALLOCATED_GIB,
+    MEM_MAX_RESERVED_GIB,
+    MEM_TOTAL_GIB,
+    METRICS,
+    MFU_PCT,
+    PERF_PREFIX,
+    PREDICT_ERROR_PCT,
+    PREDICT_TIME_TO_TARGET_S,
+    PREDICT_USD_TO_TARGET,
+    PROGRESS_PREFIX,
+    QUALITY_GAP_PCT,
+    REPORT_WAIT_S,
+    RESTORED_FROM,
+    SCALING_EFFICIENCY_PCT,
+    SOL_PCT,
+    STEP_TIME_MS,
+    STEPS,
+    STEPS_TO_TARGET,
+    SWEEP_USD,
+    TARGET_BEST,
+    TFLOPS,
+    THROUGHPUT_PREFIX,
+    TIME_PREFIX,
+    TIME_TO_TARGET_S,
+    TRACE_COMM_PCT,
+    TRACE_COMPUTE_PCT,
+    TRACE_DATA_WAIT_PCT,
+    TRACE_EXPOSED_MAX_PCT,
+    TRACE_EXPOSED_MAX_RANK,
+    TRACE_EXPOSED_PCT,
+    TRACE_IDLE_PCT,
+    TRACE_MEMCPY_PCT,
+    TRACE_PER_RANK,
+    TRACE_S,
+    TRACE_SKIPPED,
+    TRACE_STEP_MS,
+    TRACE_STEPS,
+    TRIAL_USD,
+    UNITS,
+    USD_PER_HOUR,
+    USD_TO_TARGET,
+    WARMUP_S,
+    WARMUP_STEPS_S,
+    WINDOW_S,
+    WORLD_SIZE,
+    energy_key,
+    matmul_emulated_key,
+    matmul_of_fp32_key,
+    per_worker_throughput_key,
+    seen_key,
+    throughput_cv_key,
+    throughput_key,
+    usd_per_million_key,
+)
 
 POOL_CLOSED = "closed"  # what a warm pool's queue hands a group when the sweep is over
 POOL_RESIZE = "resize"  # ... when the trials waiting need another number of ranks: the group ends, one of that size follows
-EVAL_PREFIX = "eval/"  # a workload's eval_fn metrics: eval/<name>
 
 
 # Metric keys are `group/name_unit`. The house vocabulary writes units as `name(unit)`, but
 # MLflow 3 rejects "(", ")" and "%" in metric names, so the unit is a suffix (`_ms`, `_pct`,
-# `_per_s`) and the same key is used in reports, specs and MLflow alike.
+# `_per_s`) and the same key is used in reports, specs and MLflow alike. Each key is declared once, in
+# `trainables.metrics` (re-exported above).
 METRIC_KEY = re.compile(r"^[a-z][a-z0-9_]*/[A-Za-z0-9_.\-]+$")
-LOSS_TRAIN = "loss/train"
-LOSS_VAL = "loss/val"
-STEP_TIME_MS = "time/step_ms"
-DATA_WAIT_PCT = "time/data_wait_pct"
-STEPS = "progress/steps"
-LOOP_S = "time/loop_total_s"  # the loop's own wall time: build, data, warm-up, measured steps, validation
-WARMUP_S = "time/warmup_s"  # the loop's wall time before the measured window: build, loader start, compile, warm-up steps
-WARMUP_STEPS_S = "time/warmup_steps_s"  # warm-up's timed steps (from step 1; max over ranks): what max_warmup_s bounds
-REPORT_WAIT_S = "time/report_wait_s"  # the window's report and checkpoint hand-offs (max over ranks): left out of time/window_s, counted by max_window_s
-BUILD_S = "time/build_s"  # the trial's build (max over ranks): workload and its data, model to device, FLOP count, DDP, optimizer
-DATA_PREP_S = "time/data_prep_s"  # of the build, data files made once per node (`ensure_cached`; 0 when found made)
-WINDOW_S = "time/window_s"  # the measured window's length (max over ranks; periodic evaluations and the handing on of reports left out)
 TRIAL_IN_GROUP = "pool/trial_in_group"  # a warm group's fact: the trial's place in its group, "1" for the first
-RESTORED_FROM = "progress/restored_from_step"  # measured steps a crashed attempt had done (resumed from them)
 CHECKPOINT_FILE = "state.pt"
-FINAL = "progress/final"  # 1 in the trial's last report (after validation), 0 in progress reports
-WORLD_SIZE = "progress/world_size"
-TFLOPS = "perf/tflops_per_s"  # achieved training TFLOP/s, all ranks (needs the workload's FLOPs)
-MFU_PCT = "perf/mfu_pct"  # achieved FLOP/s / (peak per device x devices); absent where peak unknown
-GPU_UTIL_MEAN_PCT = "gpu/util_mean_pct"
-GPU_MEM_PEAK_GIB = "gpu/mem_peak_gib"
-GPU_POWER_MEAN_W = "gpu/power_mean_w"
-H2D_COPY_PCT = "time/h2d_copy_pct"
-# % of the measured window each rank waited, after its backward, for the gradient all-reduce to finish (the
-# communication backward did not hide), mean over ranks; DDP only (one rank has nothing to wait for: absent)
-ALLREDUCE_WAIT_PCT = "time/allreduce_wait_pct"
-# throughput(N ranks) / (throughput(M) x N / M) x 100 against the twin trial with the fewest ranks M < N (the sweep adds it)
-SCALING_EFFICIENCY_PCT = "perf/scaling_efficiency_pct"
-H2D_GB_PER_S = "copy/h2d_gb_per_s"  # host->device bytes per second of the window, mean per rank (CUDA only)
-CPU_WORKER_PCT = "cpu/worker_util_mean_pct"  # % of one core, the training process itself
-CPU_LOADERS_PCT = "cpu/loader_util_mean_pct"  # % of one core, summed over its dataloader workers
-CPU_CORES_USED = "cpu/cores_used"  # cores busy, all ranks: training processes and their loader workers
-# What else used the trial's nodes and GPUs while its window ran (trainables.telemetry.other_cores)
-CPU_OTHER_CORES = "contention/cpu_other_cores"
-GPU_OTHER_PROCS = "contention/gpu_other_procs"
-MEM_HEADROOM_GIB = "memory/headroom_gib"
-MEM_TOTAL_GIB = "memory/total_gib"
-# Quality (time-to-target, equal data, noise scale)
-GRAD_NOISE_SCALE = "stats/grad_noise_scale"  # B_simple = tr(Sigma)/|G|^2, in the workload's unit (EMA)
-TIME_TO_TARGET_S = "time/to_target_s"  # wall time from the first step to the evaluation that met the target
-ELAPSED_S = "time/elapsed_s"  # the same clock at each evaluation (with report_evals: ASHA's time with a target)
-STEPS_TO_TARGET = "progress/steps_to_target"  # optimizer steps (warm-up included) when the target was met
-TARGET_BEST = "quality/target_best"  # the best value of the target metric any evaluation reached
-EVAL_TOTAL_S = "time/eval_total_s"  # wall time spent in periodic evaluations (counted in time/to_target_s)
-EVALS = "progress/evals"  # periodic evaluations run
-PREDICT_TIME_TO_TARGET_S = "predict/time_to_target_s"  # the noise-scale model's estimate (the sweep adds it)
-QUALITY_GAP_PCT = "quality/gap_pct"  # loss/val vs the sweep's fp32 reference at equal data (the sweep adds it)
-PREDICT_ERROR_PCT = "predict/error_pct"  # predicted / measured time to target - 1, % (the sweep adds it)
-# The profiler trace of the last warm-up steps (trainables.trace)
-TRACE_S = "time/trace_s"  # what splitting and keeping the trace took (max over ranks), in warm-up's time
-TRACE_SKIPPED = "trace/skipped"  # a tag: why a trial has no trace figures
-TRACE_EXPOSED_MAX_PCT = "trace/comm_exposed_max_pct"
-TRACE_EXPOSED_MAX_RANK = "trace/comm_exposed_max_rank"
-TRACE_STEP_MS = "trace/step_ms"
-TRACE_STEPS = "trace/steps"  # a tag: the warm-up steps traced, "3-4"
-TRACE_PER_RANK = "trace/per_rank"  # a tag: each rank's split in words
-# Money (the spec's prices; trainables.metrics says how each is computed)
-USD_PER_HOUR = "cost/usd_per_hour"
-USD_TO_TARGET = "cost/usd_to_target"
-PREDICT_USD_TO_TARGET = "cost/predicted_usd_to_target"  # the sweep adds it, from predict/time_to_target_s
-TRIAL_USD = "cost/trial_usd"  # the sweep adds it, from the trial's own wall time
-SWEEP_USD = "cost/sweep_usd"  # on the parent run
+
 # The objectives a trial meets by reaching the target (time or dollars to it): absent when it never did
 TO_TARGET_METRICS = (TIME_TO_TARGET_S, USD_TO_TARGET)
-
-
-def usd_per_million_key(unit: str) -> str:
-    """Dollars per million items of the workload's unit at the measured throughput."""
-    return f"cost/usd_per_1m_{unit}"
 
 
 def money_metrics(usd_per_hour: float, metrics: dict[str, Any]) -> dict[str, float]:
@@ -143,25 +168,7 @@ def target_problem(metric: str | None, at_most: float | None, at_least: float | 
     return ""
 
 
-def energy_key(unit: str) -> str:
-    return f"energy/per_1k_{unit}_j"
-
-
 THROUGHPUT_UNITS: tuple[str, ...] = UNITS
-
-
-def throughput_key(unit: str) -> str:
-    """Global throughput (summed over ranks) for a workload counting in `unit`."""
-    return f"throughput/{unit}_per_s"
-
-
-def per_worker_throughput_key(unit: str) -> str:
-    return f"throughput/{unit}_per_s_per_worker"
-
-
-def throughput_cv_key(unit: str) -> str:
-    """The throughput's spread over the measured window's sub-windows: stdev / mean, in % (final report)."""
-    return f"throughput/{unit}_per_s_cv_pct"
 
 
 def cv_key_of(metric: str) -> str | None:
@@ -169,11 +176,6 @@ def cv_key_of(metric: str) -> str | None:
     spread, one is the other over the world size); None for any other metric."""
     unit = next((u for u in THROUGHPUT_UNITS if metric in (throughput_key(u), per_worker_throughput_key(u))), None)
     return throughput_cv_key(unit) if unit is not None else None
-
-
-def seen_key(unit: str) -> str:
-    """Items trained on, all ranks, warm-up included (what an equal-data budget equalises)."""
-    return f"progress/{unit}_seen"
 
 
 # Every metric a spec may name, from the one table (`trainables.metrics`); not time/elapsed_s: only

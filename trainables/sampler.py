@@ -16,6 +16,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from trainables.contract import (
+    CPU_LOADERS_PCT,
+    CPU_WORKER_PCT,
+    ENERGY_TOTAL_J,
+    GPU_MEM_PEAK_GIB,
+    GPU_OTHER_PROCS,
+    GPU_POWER_MEAN_W,
+    GPU_SM_ACTIVE_PCT,
+    GPU_SM_CLOCK_MEAN_MHZ,
+    GPU_TEMP_MAX_C,
+    GPU_TENSOR_ACTIVE_PCT,
+    GPU_UTIL_MEAN_PCT,
+    GPU_UTIL_P10_PCT,
+)
+
 logger = logging.getLogger(__name__)
 _GIB = 1024**3
 _IGNORED_CLOCK_REASONS = ("GpuIdle", "ApplicationsClocksSetting", "UserDefinedClocks", "None")
@@ -261,24 +276,24 @@ def summarize(samples: list[dict[str, float]]) -> dict[str, float]:
     out: dict[str, float] = {}
     util = sorted(values("util"))
     if util:
-        out["gpu/util_mean_pct"] = sum(util) / len(util)
-        out["gpu/util_p10_pct"] = util[int(0.1 * (len(util) - 1))]
+        out[GPU_UTIL_MEAN_PCT] = sum(util) / len(util)
+        out[GPU_UTIL_P10_PCT] = util[int(0.1 * (len(util) - 1))]
     for key, name, agg in (
-        ("mem_used_gib", "gpu/mem_peak_gib", max), ("power_w", "gpu/power_mean_w", _mean),
-        ("temp_c", "gpu/temp_max_c", max), ("sm_clock_mhz", "gpu/sm_clock_mean_mhz", _mean),
-        ("sm_active", "gpu/sm_active_mean_pct", _mean), ("tensor_active", "gpu/tensor_active_mean_pct", _mean),
-        ("cpu_worker", "cpu/worker_util_mean_pct", _mean), ("cpu_loaders", "cpu/loader_util_mean_pct", _mean),
+        ("mem_used_gib", GPU_MEM_PEAK_GIB, max), ("power_w", GPU_POWER_MEAN_W, _mean),
+        ("temp_c", GPU_TEMP_MAX_C, max), ("sm_clock_mhz", GPU_SM_CLOCK_MEAN_MHZ, _mean),
+        ("sm_active", GPU_SM_ACTIVE_PCT, _mean), ("tensor_active", GPU_TENSOR_ACTIVE_PCT, _mean),
+        ("cpu_worker", CPU_WORKER_PCT, _mean), ("cpu_loaders", CPU_LOADERS_PCT, _mean),
     ):
         vs = values(key)
         if vs:
             out[name] = float(agg(vs))
     energy = values("energy_j")
     if len(energy) >= 2:
-        out["energy/total_j"] = energy[-1] - energy[0]
+        out[ENERGY_TOTAL_J] = energy[-1] - energy[0]
     out.update(_counter_deltas(samples))
     others = values("gpu_other_procs")
     if others:
-        out["contention/gpu_other_procs"] = max(others)
+        out[GPU_OTHER_PROCS] = max(others)
     return out
 
 

@@ -11,7 +11,15 @@ from typing import Any
 
 import torch
 
-from trainables.contract import CPU_OTHER_CORES
+from trainables.contract import (
+    CPU_OTHER_CORES,
+    ENERGY_TOTAL_J,
+    H2D_COPY_PCT,
+    MEM_HEADROOM_GIB,
+    MEM_MAX_ALLOCATED_GIB,
+    MEM_MAX_RESERVED_GIB,
+    MEM_TOTAL_GIB,
+)
 from trainables.metrics import METRICS
 
 
@@ -193,8 +201,8 @@ class Telemetry:
         if since_last and start > 0:  # a counter's delta runs from the previous window's last sample,
             # so consecutive windows add up to the whole (their means stay over their own samples)
             counters = summarize(self.sampler.window(start - 1))
-            if "energy/total_j" in counters:
-                out["energy/total_j"] = counters["energy/total_j"]
+            if ENERGY_TOTAL_J in counters:
+                out[ENERGY_TOTAL_J] = counters[ENERGY_TOTAL_J]
         if self.gpu is not None:
             masks = [int(s["clock_reasons"]) for s in samples if "clock_reasons" in s]
             if masks:
@@ -205,10 +213,10 @@ class Telemetry:
         if self.device.type == "cuda":
             total = torch.cuda.get_device_properties(self.device).total_memory / 1024**3
             reserved = torch.cuda.max_memory_reserved(self.device) / 1024**3
-            out["memory/max_allocated_gib"] = torch.cuda.max_memory_allocated(self.device) / 1024**3
-            out["memory/max_reserved_gib"] = reserved
-            out["memory/total_gib"] = total
-            out["memory/headroom_gib"] = total - reserved
+            out[MEM_MAX_ALLOCATED_GIB] = torch.cuda.max_memory_allocated(self.device) / 1024**3
+            out[MEM_MAX_RESERVED_GIB] = reserved
+            out[MEM_TOTAL_GIB] = total
+            out[MEM_HEADROOM_GIB] = total - reserved
             # Over the same window as `elapsed_s` (since the last call, or all of it), like data
             # wait. The caller synchronized: the events are done.
             copied = sum(a.elapsed_time(b) for a, b in self._copy_events) / 1000.0
@@ -216,6 +224,6 @@ class Telemetry:
             self._copy_s += copied
             self._copy_since_last += copied
             if elapsed_s > 0:
-                out["time/h2d_copy_pct"] = 100.0 * (self._copy_since_last if since_last else self._copy_s) / elapsed_s
+                out[H2D_COPY_PCT] = 100.0 * (self._copy_since_last if since_last else self._copy_s) / elapsed_s
             self._copy_since_last = 0.0
         return out

@@ -66,6 +66,8 @@ from trainables import contract
 logger = logging.getLogger(__name__)
 
 PARTS = ("compute", "data_wait", "comm_exposed", "idle")  # partition the traced wall time
+_PART_KEYS = (contract.TRACE_COMPUTE_PCT, contract.TRACE_DATA_WAIT_PCT, contract.TRACE_EXPOSED_PCT,
+              contract.TRACE_IDLE_PCT)  # what each of PARTS is reported as
 MAX_TRACE_BYTES = 8 * 1024 * 1024  # a kept trace's gzipped size at most; a larger one is summarised, not kept
 _DATA_PREFIX = "enumerate(DataLoader)"
 _NOT_COMPUTE = ("c10d::", "record_param_comms")
@@ -313,11 +315,11 @@ class Tracer:
         if any(v != v for r in ranks for v in r):
             out[contract.TRACE_SKIPPED] = self.skipped or "another rank has no trace"
             return out
-        for i, part in enumerate((*PARTS, "comm")):
-            out[f"trace/{part}_pct"] = sum(r[i] for r in ranks) / self.world
+        for i, key in enumerate((*_PART_KEYS, contract.TRACE_COMM_PCT)):
+            out[key] = sum(r[i] for r in ranks) / self.world
         memcpy = [r[len(PARTS) + 1] for r in ranks]
         if min(memcpy) >= 0:
-            out["trace/memcpy_pct"] = sum(memcpy) / self.world
+            out[contract.TRACE_MEMCPY_PCT] = sum(memcpy) / self.world
         exposed = [r[PARTS.index("comm_exposed")] for r in ranks]
         worst = max(range(self.world), key=lambda r: exposed[r])
         out[contract.TRACE_EXPOSED_MAX_PCT], out[contract.TRACE_EXPOSED_MAX_RANK] = exposed[worst], worst

@@ -179,8 +179,8 @@ class MeasuredWindow:
         if contract.CPU_WORKER_PCT in measured and contract.CPU_LOADERS_PCT in measured:  # cores busy, all ranks
             measured[contract.CPU_CORES_USED] = world_size * (measured[contract.CPU_WORKER_PCT]
                                                               + measured[contract.CPU_LOADERS_PCT]) / 100.0
-        if "energy/total_j" in measured and window_items > 0:
-            measured[contract.energy_key(unit)] = 1000.0 * measured["energy/total_j"] / window_items
+        if contract.ENERGY_TOTAL_J in measured and window_items > 0:
+            measured[contract.energy_key(unit)] = 1000.0 * measured[contract.ENERGY_TOTAL_J] / window_items
         if self.device.type == "cuda" and window_bytes > 0:  # mean per rank, per second of the window
             measured[contract.H2D_GB_PER_S] = window_bytes / world_size / max(max_span, 1e-12) / 1e9
         if self.noise is not None and steps > 0:

@@ -34,6 +34,20 @@ from sweeps.results.sol import (
     hardware_key,
     score,
 )
+from trainables.contract import (
+    ENERGY_TOTAL_J,
+    GPU_POWER_MEAN_W,
+    GPU_SM_ACTIVE_PCT,
+    GPU_TENSOR_ACTIVE_PCT,
+    GPU_UTIL_MEAN_PCT,
+    LOSS_TRAIN,
+    MFU_PCT,
+    SOL_PCT,
+    STEP_TIME_MS,
+    TFLOPS,
+    WORLD_SIZE,
+    throughput_key,
+)
 
 logger = logging.getLogger(__name__)
 NODE_TIMEOUT_S = {True: 120.0, False: 600.0}  # per node, quick or full
@@ -128,7 +142,7 @@ def _show(report: dict[str, Any], keys: tuple[str, ...]) -> str:
 
 
 def _finite_loss(r: dict[str, Any]) -> bool:
-    return isinstance(r.get("loss/train"), (int, float)) and math.isfinite(r["loss/train"])
+    return isinstance(r.get(LOSS_TRAIN), (int, float)) and math.isfinite(r[LOSS_TRAIN])
 
 
 def run_checks(facts: dict[str, Any], figures: dict[str, float], quick: bool,
@@ -151,20 +165,20 @@ def run_checks(facts: dict[str, Any], figures: dict[str, float], quick: bool,
             checks.append(Check(name, "fail", shown))
         else:
             checks.append(Check(name, "pass" if ok(report) and _finite_loss(report) else "fail",
-                                f"{shown} -> {_show(report, ('loss/train', *keys))}"))
+                                f"{shown} -> {_show(report, (LOSS_TRAIN, *keys))}"))
 
     no_gpu = "skipped: no CUDA device on this node"
     if gpu and num_gpus >= 2:
-        check("nccl_ddp", "ddp", lambda r: r.get("progress/world_size") == num_gpus, ("progress/world_size", "throughput/samples_per_s"))
+        check("nccl_ddp", "ddp", lambda r: r.get(WORLD_SIZE) == num_gpus, (WORLD_SIZE, throughput_key("samples")))
     else:
         checks.append(Check("nccl_ddp", "skip", no_gpu if not gpu else "skipped: one GPU on this node, no NCCL peer"))
     if not gpu:
-        check("gloo_ddp", "ddp", lambda r: r.get("progress/world_size") == 2, ("progress/world_size", "throughput/tokens_per_s"))
+        check("gloo_ddp", "ddp", lambda r: r.get(WORLD_SIZE) == 2, (WORLD_SIZE, throughput_key("tokens")))
     if gpu:
         check("fp16_gradscaler", "ddp", lambda r: r.get("precision/grad_scaler") == "True", ("precision/grad_scaler", "precision/autocast_dtype"))
         check("tf32", "tf32", lambda r: r.get("precision/cuda_matmul_tf32") == "True" and r.get("precision/float32_matmul") == "high",
               ("precision/cuda_matmul_tf32", "precision/cudnn_tf32", "precision/float32_matmul"))
-        check("channels_last", "ddp", lambda r: True, ("device/name", "throughput/samples_per_s"))  # image-cnn runs channels_last on CUDA
+        check("channels_last", "ddp", lambda r: True, ("device/name", throughput_key("samples")))  # image-cnn runs channels_last on CUDA
     else:
         checks += [Check("fp16_gradscaler", "skip", no_gpu), Check("tf32", "skip", "skipped: tf32 is CUDA-only (Ampere+)"),
                    Check("channels_last", "skip", "skipped: the loop uses channels_last on CUDA only")]
@@ -172,7 +186,7 @@ def run_checks(facts: dict[str, Any], figures: dict[str, float], quick: bool,
         check("bf16", "bf16", lambda r: r.get("precision/autocast_dtype") == "bfloat16", ("precision/autocast_dtype",))
     else:
         checks.append(Check("bf16", "skip", f"skipped: compute capability {facts.get('gpu/capability')} < 8.0"))
-    check("compile", "compile", lambda r: True, ("time/step_ms",))
+    check("compile", "compile", lambda r: True, (STEP_TIME_MS,))
     checks += _telemetry_checks(facts, reports["ddp"][0], gpu)
     checks.append(_oom_check(oom))
     mfu_run = ("bf16", "bf16-mixed") if bf16 else ("tf32", "tf32")
@@ -188,12 +202,12 @@ def _telemetry_checks(facts: dict[str, Any], report: dict[str, Any] | None, gpu:
     if not facts.get("gpu/nvml"):
         return [Check(n, "fail", "NVML unavailable: install nvidia-ml-py and check the driver") for n in ("nvml_uuid", "gpm", "energy")]
     r = report or {}
-    out = [Check("nvml_uuid", "pass" if "gpu/util_mean_pct" in r else "fail", _show(r, ("gpu/util_mean_pct", "gpu/power_mean_w", "device/driver")) or "no gpu/* metric in the loop's report")]
+    out = [Check("nvml_uuid", "pass" if GPU_UTIL_MEAN_PCT in r else "fail", _show(r, (GPU_UTIL_MEAN_PCT, GPU_POWER_MEAN_W, "device/driver")) or "no gpu/* metric in the loop's report")]
     if facts.get("gpu/gpm"):
-        out.append(Check("gpm", "pass" if "gpu/sm_active_mean_pct" in r else "fail", _show(r, ("gpu/sm_active_mean_pct", "gpu/tensor_active_mean_pct")) or "NVML offers GPM but the loop reported none"))
+        out.append(Check("gpm", "pass" if GPU_SM_ACTIVE_PCT in r else "fail", _show(r, (GPU_SM_ACTIVE_PCT, GPU_TENSOR_ACTIVE_PCT)) or "NVML offers GPM but the loop reported none"))
     else:
         out.append(Check("gpm", "skip", "skipped: this GPU has no GPM (Hopper and later)"))
-    out.append(Check("energy", "pass" if r.get("energy/total_j", 0) > 0 else "fail", _show(r, ("energy/total_j",)) or "no energy/total_j in the loop's report"))
+    out.append(Check("energy", "pass" if r.get(ENERGY_TOTAL_J, 0) > 0 else "fail", _show(r, (ENERGY_TOTAL_J,)) or "no energy/total_j in the loop's report"))
     return out
 
 
@@ -219,11 +233,11 @@ def _mfu_check(gpu: bool, run: tuple[str, dict[str, Any] | None], figures: dict[
     precision, report = run
     if report is None:
         return Check("mfu", "fail", "the loop run it reads from failed")
-    sol = score(report, {"precision": precision, "cpus_per_worker": 1}, figures).get("perf/sol_pct")
-    ev = _show(report, ("perf/tflops_per_s", "perf/mfu_pct"))
+    sol = score(report, {"precision": precision, "cpus_per_worker": 1}, figures).get(SOL_PCT)
+    ev = _show(report, (TFLOPS, MFU_PCT))
     if sol is not None:
-        ev += f", perf/sol_pct={sol:.3g} (against this node's measured {precision} peak)"
-    ok = "perf/mfu_pct" in report if gpu else sol is not None
+        ev += f", {SOL_PCT}={sol:.3g} (against this node's measured {precision} peak)"
+    ok = MFU_PCT in report if gpu else sol is not None
     return Check("mfu", "pass" if ok else "fail", ev or "no perf/tflops_per_s in the loop's report")
 
 

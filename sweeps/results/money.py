@@ -19,6 +19,7 @@ from sweeps.spec.params import param_values
 from trainables.contract import (
     PREDICT_TIME_TO_TARGET_S,
     PREDICT_USD_TO_TARGET,
+    THROUGHPUT_PREFIX,
     TRIAL_USD,
     USD_PER_HOUR,
     USD_TO_TARGET,
@@ -140,7 +141,7 @@ def money_sentence(outcome: SweepOutcome, configuration: Callable[[TrialRow], st
     text = (f"{bold(f'Cheapest: trial {cheapest.number}')} ({configuration(cheapest)}) on {on_what(spec, cheapest)}: "
             f"{bold(f'{_usd(cheapest.metrics[key])} {per}')}")
     speed = next((k for k in (spec.objective.primary, throughput_key("samples"), throughput_key("tokens"))
-                  if k.startswith("throughput/") and all(k in t.metrics for t in have)), None)
+                  if k.startswith(THROUGHPUT_PREFIX) and all(k in t.metrics for t in have)), None)
     if speed is not None:
         fastest = max(have, key=lambda t: (t.metrics[speed], -t.number))
         if fastest is not cheapest and cheapest.metrics[key] > 0:

@@ -23,11 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sweeps.results.outcome import NOT_SPEED, pareto_rows
+from sweeps.results.outcome import NOT_SPEED, SweepOutcome, TrialRow, pareto_rows
 from sweeps.results.quality import throughput, workers
 from sweeps.results.report import (
-    SweepOutcome,
-    TrialRow,
     answer,
     best_fragment,
     degraded,
@@ -38,11 +36,24 @@ from sweeps.results.report import (
     table_rows,
 )
 from sweeps.tracking import UI_PORT, run_url
-from trainables.contract import DATA_WAIT_PCT, GPU_MEM_PEAK_GIB, H2D_COPY_PCT, SCALING_EFFICIENCY_PCT
+from trainables.contract import (
+    CPU_WORKER_PCT,
+    DATA_WAIT_PCT,
+    GPU_MEM_PEAK_GIB,
+    GPU_UTIL_MEAN_PCT,
+    H2D_COPY_PCT,
+    LOSS_VAL,
+    MEM_MAX_RESERVED_GIB,
+    SCALING_EFFICIENCY_PCT,
+    THROUGHPUT_PREFIX,
+    TRACE_COMPUTE_PCT,
+    TRACE_DATA_WAIT_PCT,
+    TRACE_EXPOSED_PCT,
+    TRACE_IDLE_PCT,
+    throughput_key,
+)
 
-_MEMORY = "memory/max_reserved_gib"
-_LOSS = "loss/val"
-_UTIL = ("gpu/util_mean_pct", "cpu/worker_util_mean_pct")
+_UTIL = (GPU_UTIL_MEAN_PCT, CPU_WORKER_PCT)
 TOP_N = 40  # bars drawn at most (the best by the objective)
 MAX_LABELS = 25  # tick or point labels drawn at most
 MAX_COLUMNS = 12  # heat-map batch-size columns before they are binned to powers of two
@@ -178,8 +189,8 @@ def _breakdown(plt: Any, ranked: list[TrialRow], metric: str) -> tuple[Any, str 
     return fig, None
 
 
-_TRACE_PARTS = (("compute", "compute", "#1f77b4"), ("comm_exposed", "exposed all-reduce", "#9467bd"),
-                ("data_wait", "waiting for data", "#d62728"), ("idle", "idle (overhead, other waits)", "#c7c7c7"))
+_TRACE_PARTS = ((TRACE_COMPUTE_PCT, "compute", "#1f77b4"), (TRACE_EXPOSED_PCT, "exposed all-reduce", "#9467bd"),
+                (TRACE_DATA_WAIT_PCT, "waiting for data", "#d62728"), (TRACE_IDLE_PCT, "idle (overhead, other waits)", "#c7c7c7"))
 TRACE_HOW_TO_OPEN = ("Each trial's MLflow run keeps one trace per rank, trace/rank-N.pt.trace.json.gz (its last warm-up "
                      "steps): download it from the run's artifacts and open it in Perfetto (ui.perfetto.dev) or "
                      "chrome://tracing.")
@@ -188,13 +199,13 @@ TRACE_HOW_TO_OPEN = ("Each trial's MLflow run keeps one trace per rank, trace/ra
 def _trace_bars(plt: Any, ranked: list[TrialRow], metric: str) -> Any:
     """One stacked bar per trial (best first) from its profiler trace: compute, exposed all-reduce, data
     wait, idle (they sum to 100); None when no trial has a trace."""
-    rows = [t for t in ranked if _num(t.metrics.get("trace/compute_pct")) is not None][:TOP_N]
+    rows = [t for t in ranked if _num(t.metrics.get(TRACE_COMPUTE_PCT)) is not None][:TOP_N]
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(min(12.0, max(6.0, 0.3 * len(rows) + 2.5)), 4))
     xs, bottom = list(range(len(rows))), [0.0] * len(rows)
-    for part, label, color in _TRACE_PARTS:
-        values = [_num(t.metrics.get(f"trace/{part}_pct")) or 0.0 for t in rows]
+    for key, label, color in _TRACE_PARTS:
+        values = [_num(t.metrics.get(key)) or 0.0 for t in rows]
         ax.bar(xs, values, 0.8, bottom=bottom, label=label, color=color)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     shown = _thin(xs)
@@ -240,7 +251,7 @@ def _scaling(plt: Any, outcome: SweepOutcome, ok: list[TrialRow]) -> Any:
 
 def _tradeoff(plt: Any, outcome: SweepOutcome, ok: list[TrialRow], tput: str) -> tuple[str, Any] | None:
     obj = outcome.spec.objective
-    (x, y), modes = (obj.metrics[:2], obj.modes[:2]) if obj.multi else ((tput, _LOSS), ("max", "min"))
+    (x, y), modes = (obj.metrics[:2], obj.modes[:2]) if obj.multi else ((tput, LOSS_VAL), ("max", "min"))
     pts = [t for t in ok if _num(t.metrics.get(x)) is not None and _num(t.metrics.get(y)) is not None]
     if not pts:
         return None
@@ -266,8 +277,8 @@ def figures(outcome: SweepOutcome, history: Callable[[str, str], list[tuple[int,
 
     ok = [t for t in outcome.trials if t.status == "ok"]
     metric = outcome.spec.objective.primary
-    tput = next((k for k in (metric, "throughput/samples_per_s", "throughput/tokens_per_s") if k.startswith("throughput/")
-                 and any(k in t.metrics for t in ok)), None)
+    tput = next((k for k in (metric, throughput_key("samples"), throughput_key("tokens"))
+                 if k.startswith(THROUGHPUT_PREFIX) and any(k in t.metrics for t in ok)), None)
     figs: dict[str, Any] = {}
     skipped: list[str] = []
     if tput is None:
@@ -275,24 +286,24 @@ def figures(outcome: SweepOutcome, history: Callable[[str, str], list[tuple[int,
 
     for name, x, y, xlabel, ylabel, title in (
         ("throughput_vs_batch_size.png", "batch_size", tput, "batch size per worker (log2)", tput, "throughput vs batch size"),
-        ("memory_vs_batch_size.png", "batch_size", _MEMORY, "batch size per worker (log2)", "peak reserved GPU memory (GiB)",
+        ("memory_vs_batch_size.png", "batch_size", MEM_MAX_RESERVED_GIB, "batch size per worker (log2)", "peak reserved GPU memory (GiB)",
          "peak GPU memory vs batch size"),
         ("throughput_vs_loader_workers.png", "num_dataloader_workers", tput, "dataloader workers per rank", tput,
          "throughput vs dataloader workers"),
     ):
         series = _by_precision(ok, x, y)
         if not series:
-            skipped.append(f"{name}: {y} was not measured (no GPU)" if y == _MEMORY else f"{name}: no data")
+            skipped.append(f"{name}: {y} was not measured (no GPU)" if y == MEM_MAX_RESERVED_GIB else f"{name}: no data")
             continue
         fig, ax = plt.subplots(figsize=(6.5, 4.2))
-        _scatter_lines(ax, series, higher_is_better=y != _MEMORY, log2=x == "batch_size")
+        _scatter_lines(ax, series, higher_is_better=y != MEM_MAX_RESERVED_GIB, log2=x == "batch_size")
         ax.set(xlabel=xlabel, ylabel=ylabel, title=f"{outcome.spec.name}: {title}")
         figs[name] = fig
 
     heat = _heatmap(plt, ok, tput, tput, "throughput: precision x batch size (best trial per cell)", True)
     if heat is not None:
         figs["throughput_heatmap.png"] = heat
-    mem = next((k for k in (GPU_MEM_PEAK_GIB, _MEMORY) if any(k in t.metrics for t in ok)), None)
+    mem = next((k for k in (GPU_MEM_PEAK_GIB, MEM_MAX_RESERVED_GIB) if any(k in t.metrics for t in ok)), None)
     heat = _heatmap(plt, ok, mem, f"{mem} (GiB)", "peak GPU memory: precision x batch size (least per cell)", False) if mem else None
     if heat is not None:
         figs["memory_heatmap.png"] = heat

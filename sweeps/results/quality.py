@@ -104,7 +104,7 @@ def guardrail(outcome: SweepOutcome) -> str:
         gap = 100.0 * (loss - ref_loss) / max(abs(ref_loss), 1e-12)
         t.metrics[QUALITY_GAP_PCT] = gap
         if t is not ref and gap > 100.0 * spec.quality.tolerance:
-            t.degraded = (f"loss/val {loss:.4g} is {gap:.1f}% worse than the fp32 reference (trial {ref.number}: "
+            t.degraded = (f"{LOSS_VAL} {loss:.4g} is {gap:.1f}% worse than the fp32 reference (trial {ref.number}: "
                           f"{ref_loss:.4g}) at equal data{_data_gap(t, ref)}; tolerance {100 * spec.quality.tolerance:g}%")
     return f"reference trial {ref.number} (precision {ref.params['precision']}, global batch " \
            f"{ref.params.get('global_batch_size')}), tolerance {100 * spec.quality.tolerance:g}%"

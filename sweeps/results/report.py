@@ -33,14 +33,22 @@ from sweeps.spec import PARAMS_PREFIX, CategoricalParam, FixedParam, IntParam, P
 from trainables.contract import (
     ALLREDUCE_WAIT_PCT,
     DATA_WAIT_PCT,
+    GRAD_NOISE_SCALE,
     LOSS_VAL,
     METRIC_KEY,
+    PREDICT_ERROR_PCT,
+    PREDICT_TIME_TO_TARGET_S,
+    QUALITY_GAP_PCT,
     SCALING_EFFICIENCY_PCT,
+    SOL_PCT,
     STEP_TIME_MS,
     SWEEP_USD,
+    THROUGHPUT_PREFIX,
     THROUGHPUT_UNITS,
+    TIME_TO_TARGET_S,
     TRIAL_USD,
     throughput_cv_key,
+    throughput_key,
 )
 from trainables.knobs import KNOBS
 
@@ -52,8 +60,8 @@ def _fmt(v: Any) -> str:
 
 
 # Quality figures another part of the loop reports; shown where a trial has them.
-QUALITY_METRICS = (SCALING_EFFICIENCY_PCT, ALLREDUCE_WAIT_PCT, "perf/sol_pct", "stats/grad_noise_scale", "time/to_target_s", "predict/time_to_target_s",
-                   "predict/error_pct", "quality/gap_pct")
+QUALITY_METRICS = (SCALING_EFFICIENCY_PCT, ALLREDUCE_WAIT_PCT, SOL_PCT, GRAD_NOISE_SCALE, TIME_TO_TARGET_S,
+                   PREDICT_TIME_TO_TARGET_S, PREDICT_ERROR_PCT, QUALITY_GAP_PCT)
 QUALITY_PARAMS = ("lr_effective",)
 FIRST_FAILURE_WIDTH = 400  # the first failure's reason in the last line of a sweep where no trial finished
 NOISE_METRICS = tuple(throughput_cv_key(u) for u in THROUGHPUT_UNITS)  # next to the objective, where a trial has it
@@ -374,8 +382,9 @@ def compared_run_ids(outcome: SweepOutcome, at_most: int = COMPARE_AT_MOST) -> l
 def throughput_metric(outcome: SweepOutcome) -> str | None:
     """The throughput speed-ups are measured in: the objective when it is one, else the first one reported."""
     obj = outcome.spec.objective.primary
-    keys = (obj, "throughput/samples_per_s", "throughput/tokens_per_s")
-    return next((k for k in keys if k.startswith("throughput/") and any(k in t.metrics for t in outcome.ranked())), None)
+    keys = (obj, throughput_key("samples"), throughput_key("tokens"))
+    return next((k for k in keys if k.startswith(THROUGHPUT_PREFIX) and any(k in t.metrics for t in outcome.ranked())),
+                None)
 
 
 def baseline(outcome: SweepOutcome) -> TrialRow | None:

@@ -10,15 +10,23 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from trainables.contract import (
+    H2D_BW_PCT,
+    H2D_GB_PER_S,
+    INPUT_SOL_PCT,
+    SOL_PCT,
+    TFLOPS,
+    WORLD_SIZE,
+    matmul_emulated_key,
+    matmul_of_fp32_key,
+    throughput_key,
+)
+
 logger = logging.getLogger(__name__)
 
 DOCTOR_EXPERIMENT = "sweeps-doctor"
 DOCTOR_TAG = "doctor"  # "true" on every doctor run
 HARDWARE_TAG = "doctor.hardware_key"  # on the run that carries one hardware type's figures as metrics
-SOL_PCT = "perf/sol_pct"
-H2D_BW_PCT = "perf/h2d_bw_pct"
-INPUT_SOL_PCT = "perf/input_sol_pct"
-H2D_GB_PER_S = "copy/h2d_gb_per_s"  # a trial's mean host->device bytes per second of measured time, per rank
 DECODE_RATE = "input/decode_samples_per_s_per_core"
 DECODE_IMAGE_SIZE = "input/decode_image_size"
 _LABELS = {"32": "fp32", "tf32": "tf32", "16-mixed": "fp16", "bf16-mixed": "bf16"}
@@ -67,11 +75,11 @@ EMULATED_BELOW_PCT = 25.0  # a mixed precision's matmul peak under this % of fp3
 
 
 def ratio_key(precision: str) -> str:
-    return f"matmul/{_LABELS.get(precision, precision)}_of_fp32_pct"
+    return matmul_of_fp32_key(_LABELS.get(precision, precision))
 
 
 def emulated_key(precision: str) -> str:
-    return f"matmul/{_LABELS.get(precision, precision)}_emulated"
+    return matmul_emulated_key(_LABELS.get(precision, precision))
 
 
 def of_fp32_pct(d: Mapping[str, Any], precision: str) -> float | None:
@@ -136,8 +144,8 @@ def annotate_node(figures: dict[str, float], facts: dict[str, Any]) -> None:
 
 
 def _sol_pct(metrics: dict[str, Any], params: dict[str, Any], figures: dict[str, Any]) -> float | None:
-    achieved, precision = _num(metrics, "perf/tflops_per_s"), params.get("precision")
-    world = _num(metrics, "progress/world_size")
+    achieved, precision = _num(metrics, TFLOPS), params.get("precision")
+    world = _num(metrics, WORLD_SIZE)
     if achieved is None or world is None or precision is None:
         return None
     per_core = _num(figures, peak_key(held_to(figures, str(precision)), per_core=True))
@@ -153,7 +161,7 @@ def _sol_pct(metrics: dict[str, Any], params: dict[str, Any], figures: dict[str,
 
 
 def _input_sol_pct(metrics: dict[str, Any], params: dict[str, Any], figures: dict[str, Any]) -> float | None:
-    rate, samples, world = _num(figures, DECODE_RATE), _num(metrics, "throughput/samples_per_s"), _num(metrics, "progress/world_size")
+    rate, samples, world = _num(figures, DECODE_RATE), _num(metrics, throughput_key("samples")), _num(metrics, WORLD_SIZE)
     if params.get("workload") != "image-cnn" or rate is None or samples is None or world is None:
         return None
     size = _num(params, "workload.image_size") or 32.0  # image-cnn's default

@@ -45,7 +45,15 @@ from sweeps.results.outcome import twins as _twins
 from sweeps.results.quality import efficiency, scaling_twin, throughput, workers
 from sweeps.results.verdict_rules import DOWN, ON, UP, Move, first_rule, text, trace_view
 from sweeps.spec import PARAMS_PREFIX
-from trainables.contract import THROUGHPUT_UNITS, cv_key_of, throughput_key
+from trainables.contract import (
+    PERF_PREFIX,
+    PREDICT_TIME_TO_TARGET_S,
+    THROUGHPUT_PREFIX,
+    THROUGHPUT_UNITS,
+    TIME_PREFIX,
+    cv_key_of,
+    throughput_key,
+)
 
 
 @dataclass(frozen=True)
@@ -92,7 +100,8 @@ def verdict(metrics: dict[str, Any], params: dict[str, Any]) -> Verdict:
 
 _EVIDENCE = (*MEASURED, "oom")
 _SAYS_WHY = ("input-bound", "compute-bound")  # a twin's verdict that explains why it was slower
-_SPEED_METRICS = ("throughput/", "time/", "perf/", "predict/time")  # objectives a bottleneck explains
+# objectives a bottleneck explains
+_SPEED_METRICS = (THROUGHPUT_PREFIX, TIME_PREFIX, PERF_PREFIX, PREDICT_TIME_TO_TARGET_S)
 MAX_TAG_LEN = 5000
 
 
@@ -154,7 +163,7 @@ def _evidence(t: TrialRow, move: Move, rows: list[TrialRow], metric: str, mode: 
 
 def _figure(metric: str, v: float) -> str:
     n = f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
-    return f"{n}/s" if metric.startswith("throughput/") else n
+    return f"{n}/s" if metric.startswith(THROUGHPUT_PREFIX) else n
 
 
 def _setting(knob: str, value: Any) -> str:
@@ -176,7 +185,7 @@ def _cite(t: TrialRow, move: Move, e: TrialRow, metric: str, verdicts: dict[str,
     why = f"was {theirs.name}" if speed and theirs and theirs.name in _SAYS_WHY else (
         "measured slower" if speed else "measured worse")
     a, b = _figure(metric, float(e.metrics[metric])), _figure(metric, float(t.metrics[metric]))
-    text = f"{ran} {why}: {a} vs {b}" if metric.startswith("throughput/") else f"{ran} {why}: {metric} {a} vs {b}"
+    text = f"{ran} {why}: {a} vs {b}" if metric.startswith(THROUGHPUT_PREFIX) else f"{ran} {why}: {metric} {a} vs {b}"
     if speed and theirs and theirs.name == "input-bound":  # its input fix comes before the move
         fix = theirs.moves[0] if theirs.moves else None
         text += ("; add loader workers first" if fix and fix.knob == "num_dataloader_workers"

@@ -33,22 +33,33 @@ from dataclasses import dataclass
 from typing import Any
 
 from sweeps.results.outcome import number as _number
-from sweeps.results.sol import H2D_BW_PCT, INPUT_SOL_PCT, SOL_PCT, emulated, held_to, of_fp32_pct
+from sweeps.results.sol import emulated, held_to, of_fp32_pct
 from trainables.contract import (
     ALLREDUCE_WAIT_PCT,
     CPU_LOADERS_PCT,
     CPU_WORKER_PCT,
     DATA_WAIT_PCT,
+    GPU_SM_ACTIVE_PCT,
     GPU_UTIL_MEAN_PCT,
+    H2D_BW_PCT,
+    INPUT_SOL_PCT,
     MEM_HEADROOM_GIB,
     MEM_TOTAL_GIB,
+    SOL_PCT,
+    TRACE_COMPUTE_PCT,
+    TRACE_DATA_WAIT_PCT,
+    TRACE_EXPOSED_MAX_PCT,
+    TRACE_EXPOSED_MAX_RANK,
+    TRACE_EXPOSED_PCT,
+    TRACE_IDLE_PCT,
+    TRACE_STEP_MS,
+    TRACE_STEPS,
 )
 
-SM_ACTIVE_PCT = "gpu/sm_active_mean_pct"
 INPUT_WAIT_PCT = 20.0
 # "GPU busy" per signal: (compute-bound at or above, input-bound only below)
-GPU_BUSY: dict[str, tuple[float, float]] = {SM_ACTIVE_PCT: (80.0, 70.0), GPU_UTIL_MEAN_PCT: (90.0, 80.0)}
-_SIGNAL_NAME = {SM_ACTIVE_PCT: "SM active (GPM)", GPU_UTIL_MEAN_PCT: "GPU busy"}
+GPU_BUSY: dict[str, tuple[float, float]] = {GPU_SM_ACTIVE_PCT: (80.0, 70.0), GPU_UTIL_MEAN_PCT: (90.0, 80.0)}
+_SIGNAL_NAME = {GPU_SM_ACTIVE_PCT: "SM active (GPM)", GPU_UTIL_MEAN_PCT: "GPU busy"}
 MEMORY_USED_FRACTION = 0.5
 CPU_BUSY_FRACTION = 0.8
 NEAR_PEAK_PCT = 60.0  # at or above: a speed-of-light figure leaves little to gain from that knob
@@ -340,8 +351,8 @@ TRACE_DISAGREES_PTS = 5.0  # a counter and the trace further apart than this: th
 # all-reduce read 31% then 69% in two runs while the counter read 61% and 65%; docs/explain/traces.md)
 TRACE_MIN_SPAN_MS = 100.0
 # (counter, the trace's figure for the same thing, its words)
-_TRACED = ((DATA_WAIT_PCT, "trace/data_wait_pct", "data wait"),
-           (ALLREDUCE_WAIT_PCT, "trace/comm_exposed_pct", "all-reduce wait backward did not hide"))
+_TRACED = ((DATA_WAIT_PCT, TRACE_DATA_WAIT_PCT, "data wait"),
+           (ALLREDUCE_WAIT_PCT, TRACE_EXPOSED_PCT, "all-reduce wait backward did not hide"))
 
 
 def trace_view(metrics: dict[str, Any]) -> tuple[dict[str, Any], str]:
@@ -350,7 +361,7 @@ def trace_view(metrics: dict[str, Any]) -> tuple[dict[str, Any], str]:
     The trace's figure wins where the two differ by more than `TRACE_DISAGREES_PTS` (the trace saw where each
     step's time went; a counter infers it). Also returns what the verdict says of the trace: its split, the rank
     that waited most, each disagreement. No trace: the figures as they are, nothing said."""
-    compute = pct(metrics, "trace/compute_pct")
+    compute = pct(metrics, TRACE_COMPUTE_PCT)
     if compute is None:
         return metrics, ""
     followed, notes = dict(metrics), []
@@ -365,11 +376,11 @@ def trace_view(metrics: dict[str, Any]) -> tuple[dict[str, Any], str]:
             else:
                 followed[counter] = t
                 notes.append(f"{said}: following the trace")
-    steps = metrics.get("trace/steps")
+    steps = metrics.get(TRACE_STEPS)
     said = (f"; trace{f' (warm-up steps {steps})' if steps else ''}: compute {compute:.0f}%, "
-            f"exposed all-reduce {pct(metrics, 'trace/comm_exposed_pct') or 0:.0f}%, "
-            f"data wait {pct(metrics, 'trace/data_wait_pct') or 0:.0f}%, idle {pct(metrics, 'trace/idle_pct') or 0:.0f}%")
-    worst, rank = pct(metrics, "trace/comm_exposed_max_pct"), pct(metrics, "trace/comm_exposed_max_rank")
+            f"exposed all-reduce {pct(metrics, TRACE_EXPOSED_PCT) or 0:.0f}%, "
+            f"data wait {pct(metrics, TRACE_DATA_WAIT_PCT) or 0:.0f}%, idle {pct(metrics, TRACE_IDLE_PCT) or 0:.0f}%")
+    worst, rank = pct(metrics, TRACE_EXPOSED_MAX_PCT), pct(metrics, TRACE_EXPOSED_MAX_RANK)
     if worst is not None and rank is not None and worst >= 1:
         said += f"; {worst:.0f}% of each step in exposed all-reduce on rank {rank:.0f}"
     return followed, said + "".join(f"; {n}" for n in notes)
@@ -379,7 +390,7 @@ def traced_span_ms(metrics: dict[str, Any]) -> float | None:
     """Return how long the traced steps lasted, or None where either figure is missing.
 
     `trace/step_ms` x the steps of `trace/steps` ("3-4": 2)."""
-    step_ms, steps = pct(metrics, "trace/step_ms"), str(metrics.get("trace/steps") or "")
+    step_ms, steps = pct(metrics, TRACE_STEP_MS), str(metrics.get(TRACE_STEPS) or "")
     first, _, last = steps.partition("-")
     if step_ms is None or not first.isdigit() or not (last or first).isdigit():
         return None

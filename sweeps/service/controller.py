@@ -42,7 +42,7 @@ from sweeps.service.trial import HALT_KEY, trace_dir
 from sweeps.service.tuning import RayTune, interrupt_tune
 from sweeps.spec import SweepSpec
 from sweeps.tracking import SweepTracker
-from trainables.contract import STEPS, SWEEP_USD, TRIAL_USD
+from trainables.contract import DEVICE_PREFIX, PROGRESS_PREFIX, STEPS, SWEEP_USD, TRIAL_USD
 
 
 class Clock(Protocol):
@@ -232,7 +232,7 @@ class SweepController:
     def _unranked(self, row: TrialRow, missing: list[str]) -> None:
         """A finished trial without the objective's metrics cannot be ranked, and the next trials of
         the same trainable will not report them either: stop the sweep now and say what is there."""
-        reported = sorted(k for k, v in row.metrics.items() if "/" in k and not k.startswith(("progress/", "device/"))
+        reported = sorted(k for k, v in row.metrics.items() if "/" in k and not k.startswith((PROGRESS_PREFIX, DEVICE_PREFIX))
                           and isinstance(v, (int, float)))
         reason = (f"the trial reported no {', '.join(missing)}, so no trial can be ranked; it reported: "
                   f"{', '.join(reported)}. Name one of those in objective (metric or constraints), or make the "

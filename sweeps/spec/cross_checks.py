@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from trainables import registry
-from trainables.contract import is_final_only, target_problem
+from trainables.contract import COST_PREFIX, THROUGHPUT_PREFIX, is_final_only, target_problem
 
 if TYPE_CHECKING:
     from sweeps.spec.sweep import SweepSpec
@@ -20,7 +20,7 @@ def objective_in_the_workloads_unit(spec: SweepSpec) -> str:
     """objective: <trainable> reports throughput/tokens_per_s, not throughput/samples_per_s; use that"""
     unit = registry.unit(spec.trainable.name)
     for metric in spec.objective.metrics + tuple(c.metric for c in spec.objective.constraints):
-        if unit is None or not metric.startswith("throughput/"):
+        if unit is None or not metric.startswith(THROUGHPUT_PREFIX):
             continue
         wanted = metric.replace("samples", unit) if unit != "samples" else metric.replace("tokens", unit)
         if wanted != metric:
@@ -233,7 +233,7 @@ def the_trainables_own_params_declared(spec: SweepSpec) -> str:
 def money_needs_prices(spec: SweepSpec) -> str:
     """objective: cost/... needs prices: add a cost section ..."""
     named = [*spec.objective.metrics, *(c.metric for c in spec.objective.constraints)]
-    money = next((m for m in named if m.startswith("cost/")), None)
+    money = next((m for m in named if m.startswith(COST_PREFIX)), None)
     if money is not None and spec.cost is None:
         return (f"objective: {money} needs prices: add a cost section (cost.prices or cost.price_file: each "
                 "accelerator type's price per device-hour, with its date and source)")

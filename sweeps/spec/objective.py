@@ -12,12 +12,18 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from sweeps.spec.params import STRICT
 from trainables.contract import (
+    COST_PREFIX,
+    ENERGY_PREFIX,
     KNOWN_METRICS,
+    STEP_TIME_MS,
     SWEEP_LEVEL_METRICS,
+    THROUGHPUT_PREFIX,
+    TIME_PREFIX,
     TIME_TO_TARGET_S,
     TO_TARGET_METRICS,
     is_known_metric,
     target_problem,
+    throughput_key,
 )
 
 Mode = Literal["max", "min"]
@@ -80,7 +86,7 @@ class ObjectiveSpec(BaseModel):
     """One metric and mode, or lists of them (multi-objective: the result is a Pareto front)."""
 
     model_config = STRICT
-    metric: str | list[str] = Field(default="throughput/samples_per_s", description="the metric trials are ranked by, "
+    metric: str | list[str] = Field(default=throughput_key("samples"), description="the metric trials are ranked by, "
                                     "or a list of them (a Pareto front); without one, the workload's own throughput")
     mode: Mode | list[Mode] = Field(default="max", description="max or min, or a list of them, one per metric")
     constraints: list[ConstraintSpec] = Field(default_factory=list, description="bounds a trial must meet to count, "
@@ -107,7 +113,7 @@ class ObjectiveSpec(BaseModel):
                 raise ValueError("a metric name, or a list of them (multi-objective)")
             known_metric(m)
             if m in SWEEP_LEVEL_METRICS:
-                instead = "cost/usd_to_target or cost/usd_per_1m_<unit>" if m.startswith("cost/") else TIME_TO_TARGET_S
+                instead = "cost/usd_to_target or cost/usd_per_1m_<unit>" if m.startswith(COST_PREFIX) else TIME_TO_TARGET_S
                 raise ValueError(f"{m} is computed by the sweep after its trials end, so trials cannot be ranked "
                                  f"by it while the search runs; rank by {instead} (measured) instead")
         return metric
@@ -131,7 +137,7 @@ class ObjectiveSpec(BaseModel):
             if metric in TO_TARGET_METRICS and self.target is None:
                 raise ValueError(f"{metric} needs a target: add target: {{metric: loss/val, max: <value>}}")
             if metric in TO_TARGET_METRICS and mode != "min":
-                raise ValueError(f"{metric} is {'a time' if metric.startswith('time/') else 'a price'}: mode must "
+                raise ValueError(f"{metric} is {'a time' if metric.startswith(TIME_PREFIX) else 'a price'}: mode must "
                                  "be min")
         return self
 
@@ -165,7 +171,7 @@ class ObjectiveSpec(BaseModel):
 
         Speed: throughput, step time, energy per item. That is what a time box may shorten without changing what
         is compared."""
-        return not self.constraints and all(m.startswith(("throughput/", "time/step_ms", "energy/"))
+        return not self.constraints and all(m.startswith((THROUGHPUT_PREFIX, STEP_TIME_MS, ENERGY_PREFIX))
                                             for m in self.metrics)
 
     @property
