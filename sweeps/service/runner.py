@@ -29,6 +29,7 @@ from sweeps.service.saved_state import (
     outputs_root,
     sweep_lock,
 )
+from sweeps.service.shared_storage import refuse_unshared_storage
 from sweeps.service.trial import start_train_coordinator
 from sweeps.spec import SpecError, SweepSpec, parse_spec
 from sweeps.store import absolute_uri
@@ -78,6 +79,8 @@ def run_sweep(spec: SweepSpec, spec_text: str, echo: Callable[[str], None] = ech
             with sigterm_as_sigint():  # after ray.init, whose own SIGTERM handler aborts the process
                 if started_ray:  # this machine is the whole cluster: no autoscaler will bring more
                     refuse_if_never_fits(spec, ray.cluster_resources())
+                else:  # a cluster's nodes may share no disk: every one must see the sweep's storage
+                    refuse_unshared_storage(experiment_dir(spec).parent)
                 try:  # every accelerator type the trials are pinned to, on some node
                     refuse_missing_types(spec, ray.nodes())
                 except SpecError as exc:

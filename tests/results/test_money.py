@@ -282,7 +282,7 @@ def test_a_sweep_over_two_labelled_node_types_runs_each_trial_on_its_type_and_na
     (ray_tmp / "ray").mkdir()
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_TMPDIR": str(ray_tmp)}
     try:
-        proc = subprocess.run([sys.executable, str(REPO / "tests" / "money_scenario.py"), str(tmp_path)], cwd=REPO,
+        proc = subprocess.run([sys.executable, str(REPO / "tests" / "helpers" / "money_scenario.py"), str(tmp_path)], cwd=REPO,
                               env=env, capture_output=True, text=True, timeout=420)
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)

@@ -1,0 +1,111 @@
+"""A cluster whose worker node has a disk of its own, on this one machine (issue 50): a head started with
+`ray start --head`, and a worker joined to it inside `unshare --mount` with a private tmpfs over the sweep's
+storage folder, so that the worker does not see what the head writes there (as two machines without a shared
+filesystem). A local `storage_path` is refused before the first trial, in one line naming it and the node."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.e2e.test_job_submit import _free_ports, _wait_for_port
+from tests.helpers.reap import reap, tree
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+pytestmark = pytest.mark.ray
+
+SPEC = """\
+name: private-disk
+trainable: {{name: mlp-tabular}}
+space: {{batch_size: 16}}
+budget: {{num_trials: 1, num_steps: 2, num_warmup_steps: 1}}
+scaling: {{num_workers: 1, cpus_per_worker: 1, reuse_workers: false}}
+telemetry: {{period_s: 0}}
+tracking: {{uri: "sqlite:///{db}"}}
+storage_path: {storage}
+"""
+
+
+def _stop(proc: subprocess.Popen[bytes], what: str) -> None:
+    ours = tree([proc.pid])
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # our own process group only
+    for p in ours:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    proc.wait(timeout=30)
+    reap(ours, 30, what)
+
+
+@pytest.fixture(scope="module")
+def two_disks(tmp_path_factory: pytest.TempPathFactory, auth_token_path: Path) -> Iterator[dict[str, str]]:
+    """A head and a worker node that shares no disk with it under `storage`; yields the address, the storage
+    folder (seen by the head and this process, a private tmpfs on the worker) and the client's environment."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare (a mount namespace for the worker node)")
+    tmp = tmp_path_factory.mktemp("two-disks")
+    storage = tmp / "storage"
+    storage.mkdir()
+    (gcs, dash, *_), temp_dir = _free_ports(2), tempfile.mkdtemp(prefix="rpd", dir="/tmp")
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(auth_token_path),
+           "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
+    env.pop("RAY_ADDRESS", None)
+    head = subprocess.Popen([str(BIN / "ray"), "start", "--head", "--block", "--num-cpus", "1",
+                             "--node-ip-address", "127.0.0.1", "--port", str(gcs), "--dashboard-host", "127.0.0.1",
+                             "--dashboard-port", str(dash), "--temp-dir", temp_dir, "--disable-usage-stats"],
+                            env=env, stdout=open(tmp / "head.log", "w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    worker = None
+    try:
+        _wait_for_port(gcs, 90)
+        join = (f"mount -t tmpfs tmpfs {storage} && exec {BIN / 'ray'} start --address 127.0.0.1:{gcs} "
+                f"--num-cpus 2 --node-ip-address 127.0.0.1 --temp-dir {temp_dir} --block --disable-usage-stats")
+        worker = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", join], env=env,
+                                  stdout=open(tmp / "worker.log", "w"), stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+        count = (f"import ray; ray.init(address='127.0.0.1:{gcs}', logging_level='ERROR'); "
+                 "print(sum(n['Alive'] for n in ray.nodes()))")
+        deadline = time.monotonic() + 120
+        while True:  # both nodes up
+            out = subprocess.run([sys.executable, "-c", count], env=env, capture_output=True, text=True, timeout=60)
+            if out.stdout.strip() == "2":
+                break
+            assert time.monotonic() < deadline, (out.stdout, out.stderr[-2000:], (tmp / "worker.log").read_text()[-2000:])
+            time.sleep(2)
+        yield {"address": f"127.0.0.1:{gcs}", "storage": str(storage), "tmp": str(tmp),
+               **{k: v for k, v in env.items() if k.startswith(("RAY_AUTH", "PATH", "PYTHONPATH"))}}
+    finally:
+        if worker is not None:
+            _stop(worker, "the private-disk worker node")
+        _stop(head, "the private-disk head")
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_a_local_storage_path_a_node_cannot_see_is_refused_before_the_first_trial(two_disks: dict[str, str]) -> None:
+    tmp = Path(two_disks["tmp"])
+    spec = tmp / "local.yaml"
+    spec.write_text(SPEC.format(db=tmp / "mlflow.db", storage=two_disks["storage"]))
+    env = {**os.environ, "RAY_ADDRESS": two_disks["address"], "RAY_AUTH_MODE": "token",
+           "RAY_AUTH_TOKEN_PATH": two_disks["RAY_AUTH_TOKEN_PATH"], "PYTHONPATH": str(REPO)}
+    t0 = time.monotonic()
+    run = subprocess.run([sys.executable, "-m", "sweeps", "run", str(spec)], cwd=tmp, env=env, capture_output=True,
+                         text=True, timeout=300)
+    took = time.monotonic() - t0
+    assert run.returncode == 5, (run.returncode, run.stdout[-3000:], run.stderr[-3000:])
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: storage_path {two_disks['storage']} is not visible from 1 of 2 nodes (127.0.0.1 "), last
+    assert "No such file or directory" in last and "every node mounts at the same path" in last, last
+    assert "[trial " not in run.stdout, run.stdout[-3000:]  # before the first trial
+    print(f"refused in {took:.1f} s")
