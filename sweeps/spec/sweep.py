@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from sweeps.spec.cost import CostSpec
 from sweeps.spec.cross_checks import problems
+from sweeps.spec.declared import setting_field
 from sweeps.spec.objective import ObjectiveSpec
 from sweeps.spec.params import STRICT
 from sweeps.spec.problems import RuleProblems
@@ -55,9 +56,8 @@ class SweepSpec(BaseModel):
     storage_path: str = Field(default="ray_results", description="where the sweep keeps its state (sweep.json, Tune's "
                               "experiment, trial checkpoints) and its lock; relative: to the working directory, or "
                               "inside a `ray job submit --working-dir` job to $SWEEPS_HOME (default ~/sweeps)")
-    data_dir: str = Field(default=".cache/datasets", description="where workloads write their data files (relative: to "
-                          "each rank's working directory, which is the sweep's)")
-    seed: int = Field(default=0, description="the sampler's seed, and every trial's model initialisation and data order")
+    data_dir: str = setting_field("data_dir")
+    seed: int = setting_field("seed")
 
     @model_validator(mode="before")
     @classmethod
