@@ -309,7 +309,8 @@ def figures(outcome: SweepOutcome, history: Callable[[str, str], list[tuple[int,
     if traced is not None:
         figs["trace_breakdown.png"] = traced
     else:
-        skipped.append("trace_breakdown.png: no finished trial has a trace (telemetry.trace: 0, or warm-up too short)")
+        skipped.append("trace_breakdown.png: no finished trial has a trace (telemetry.trace_steps: 0, or warm-up too "
+                       "short)")
 
     scaled = _scaling(plt, outcome, ok) if outcome.spec.space.num_workers is not None else None
     if scaled is not None:
