@@ -35,7 +35,7 @@ class Metric:
 _NO_GPU = "no NVIDIA GPU (NVML) on a rank"
 _NO_DDP = "one rank"
 _NO_TARGET = "no `objective.target`, or the target was missed"
-_NO_TRACE = "no trace: `telemetry.trace: 0`, warm-up too short for it (`trace/skipped` says why)"
+_NO_TRACE = "no trace: `telemetry.trace_steps: 0`, warm-up too short for it (`trace/skipped` says why)"
 _UNPRICED = "no price for the trial's accelerator type (no `cost` section)"
 
 METRICS: tuple[Metric, ...] = (
@@ -167,7 +167,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("trace/step_ms", "ms", "a traced step's wall time (the slowest rank's)", _NO_TRACE, final_only=True),
     Metric("time/trace_s", "s", "what writing, gzipping, keeping and splitting the trace took (max over ranks), in warm-up's time; "
            "left out of the window's calibration",
-           "`telemetry.trace: 0`, or a probe trial", final_only=True),
+           "`telemetry.trace_steps: 0`, or a probe trial", final_only=True),
     Metric("trace/steps", "tag", "the warm-up steps traced, e.g. `3-4`", _NO_TRACE, final_only=True, nameable=False),
     Metric("trace/per_rank", "tag", "each rank's split in words", _NO_TRACE, final_only=True, nameable=False),
     Metric("trace/skipped", "tag", "why a trial has no trace figures (warm-up too short, the split failed)",
