@@ -1,5 +1,5 @@
-"""What the profiler trace costs a trial (issue 45): the demo with its trace (`telemetry.trace: 2`, the
-default) and without (`telemetry.trace: 0`), in alternating order, `--rounds` times each, as a new user
+"""What the profiler trace costs a trial (issue 45): the demo with its trace (`telemetry.trace_steps: 2`, the
+default) and without (`telemetry.trace_steps: 0`), in alternating order, `--rounds` times each, as a new user
 runs it (`sweeps run --restart`, a fresh working directory and MLflow store).
 
 Per trial, paired by configuration (precision, batch size, loader workers) across the two modes:
@@ -41,7 +41,7 @@ def run(spec_text: str, traced: bool) -> dict[tuple[str, str, str], dict[str, fl
     """One demo sweep; per configuration, its figures."""
     with tempfile.TemporaryDirectory(prefix="trace-cost-") as tmp:
         spec = Path(tmp) / "spec.yaml"
-        spec.write_text(spec_text + ("" if traced else "\ntelemetry: {trace: 0}\n"))
+        spec.write_text(spec_text + ("" if traced else "\ntelemetry: {trace_steps: 0}\n"))
         env = {**os.environ, "XDG_CACHE_HOME": str(Path(tmp) / "cache")}
         proc = subprocess.run([sys.executable, "-m", "sweeps", "run", "--restart", str(spec)], cwd=tmp, env=env,
                               capture_output=True, text=True, timeout=1800)

@@ -111,7 +111,7 @@ def build(cfg: TrialConfig, device: torch.device) -> Built:
     # Gradient noise scale: DDP ranks read it in the all-reduce hook; one rank from its micro-batches.
     # The same hook times the all-reduce wait backward did not hide (DDP takes one hook).
     noise: NoiseScale | None = None
-    if cfg.grad_noise_scale and not cfg.probe and (ddp is not None or cfg.grad_accum_steps > 1):
+    if cfg.grad_noise_scale and (ddp is not None or cfg.grad_accum_steps > 1):
         noise = NoiseScale(device)
     comm = CommTimer(device) if ddp is not None and not cfg.probe else None
     if ddp is not None and (noise is not None or comm is not None):

@@ -9,10 +9,19 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from trainables.knobs import KNOBS, LR_SCHEDULES, PRECISIONS, LoopKnobs  # noqa: F401 - the vocabulary, re-exported
+from trainables.knobs import (  # noqa: F401 - KNOBS and the vocabulary, re-exported
+    DECLARED,
+    KNOBS,
+    LR_SCHEDULES,
+    PRECISIONS,
+    PROBE_VALUES,
+    LoopKnobs,
+    TrialSettings,
+)
+from trainables.knobs import problem as setting_problem
 from trainables.metrics import (  # noqa: F401 - every key, declared there once, re-exported
     ALLREDUCE_WAIT_PCT,
     BUILD_S,
@@ -208,56 +217,25 @@ def is_metric(key: str, value: Any) -> bool:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrialConfig(LoopKnobs):
-    """Everything one trial's workers need: the loop's knobs (`LoopKnobs`, declared in
-    `trainables.knobs`) and what the sweep's budget, telemetry and scaling set; crosses process
-    boundaries as a plain dict."""
-
-    workload: str
-    num_steps: int  # measured steps, after warm-up
-    num_warmup_steps: int = 5
-    telemetry_period_s: float = 1.0  # NVML/psutil sampling period; 0 turns the sampler off
-    workload_params: dict[str, Any] = field(default_factory=dict)
-    use_gpu: bool = False
-    threads_per_worker: int = 1
-    report_interval_s: float = 10.0
-    seed: int = 0
-    data_dir: str = ".cache/datasets"
-    metrics_path: str | None = None  # rank 0 appends every report here as JSON lines
-    loader_timeout_s: float = 120.0  # longest wait for one batch from a loader worker (0: forever)
-    collective_timeout_s: float = 600.0  # process-group timeout: a hung peer fails the trial after this
-    checkpoint_every_steps: int = 0  # measured steps between checkpoints (0: none); a crashed trial resumes from one
-    probe: bool = False  # a memory probe: OOM agreed by all ranks every step, no gradient all-reduce, no validation
-    num_items: int = 0  # equal-data budget in the workload's unit, all ranks, warm-up included (0: num_steps rules)
-    grad_noise_scale: bool = True  # measure stats/grad_noise_scale (DDP ranks, or micro-batches on one rank)
-    eval_every_steps: int = 0  # evaluate every this many optimizer steps (warm-up included; 0: only at the end)
-    target_metric: str | None = None  # stop when an evaluation meets it: target_metric <= target_max / >= target_min
-    target_max: float | None = None
-    target_min: float | None = None
-    report_evals: bool = False  # a report after each periodic evaluation (its values, time/elapsed_s): ASHA's curve
-    min_window_s: float = 0.0  # the measured window lasts at least this long (more steps than num_steps if needed)
-    max_window_s: float = 0.0  # ... and ends once it lasts this long (fewer steps than num_steps if needed; 0: off)
-    max_warmup_s: float = 0.0  # warm-up ends once its timed steps (from step 1) last this long (0: off)
-    usd_per_hour: float = 0.0  # what the trial's devices cost per hour (the spec's prices; 0: unpriced, no cost/*)
-    trace_steps: int = 0  # profile the last this many warm-up steps on every rank (trainables.trace; 0: off)
-    trace_dir: str | None = None  # keep each rank's gzipped trace here (None: split, not kept)
+class TrialConfig(TrialSettings, LoopKnobs):
+    """Everything one trial's workers need: the loop's knobs (`LoopKnobs`) and the settings around them
+    (`TrialSettings`), each declared once in `trainables.knobs`; crosses process boundaries as a plain dict."""
 
     def __post_init__(self) -> None:
-        for name, (kind, _, k) in KNOBS.items():  # the loop's knobs, by their one declaration
-            value = getattr(self, name)
-            if not (k.allows(kind, value) or (name == "num_workers" and value == 0)):
-                raise ValueError(f"{name} must be {k.rule(kind)}, got {value!r}")
-        if self.num_steps < 1 or self.num_warmup_steps < 0:
-            raise ValueError("num_steps must be >= 1, num_warmup_steps >= 0")
+        for name in DECLARED:  # each setting's declared rule; 0 ranks: whatever the launcher started
+            problem = setting_problem(name, getattr(self, name))
+            if problem and not (name == "num_workers" and self.num_workers == 0):
+                raise ValueError(problem)
         problem = window_problem(self.min_window_s, self.max_window_s, self.max_warmup_s) or \
             items_problem("num_items", self.num_items, self.num_warmup_steps) or \
             target_problem(self.target_metric, self.target_max, self.target_min, self.eval_every_steps)
         if problem:
             raise ValueError(problem)
-        if self.num_items < 0 or self.eval_every_steps < 0:
-            raise ValueError("num_items and eval_every_steps must be >= 0 (0: off)")
-        if not (math.isfinite(self.usd_per_hour) and self.usd_per_hour >= 0):
-            raise ValueError(f"usd_per_hour must be a price >= 0 (0: unpriced), got {self.usd_per_hour}")
+
+    def as_probe(self) -> TrialConfig:
+        """This trial as a memory probe runs it: each setting declared with a `probe` value takes it (a probe asks
+        whether a step fits, not how fast); what the loop then does differently, `probe` says."""
+        return dataclasses.replace(self, **PROBE_VALUES)
 
     def target_met(self, value: float | None) -> bool:
         if self.target_metric is None or value is None or not math.isfinite(value):

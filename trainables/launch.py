@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from trainables.contract import CHECKPOINT_FILE, TrialConfig
-from trainables.knobs import KNOBS
+from trainables.knobs import DECLARED, REQUIRED, SAME
 from trainables.loop import train
 from trainables.reporting import JsonlReporter, keep_checkpoint
 from trainables.train_functions import naming_workdir
@@ -43,59 +43,38 @@ class DirCheckpointReporter(JsonlReporter):
         super().report(metrics, checkpoint_dir)
 
 
-def add_knob_flags(p: argparse.ArgumentParser) -> None:
-    """A flag per loop knob, from its one declaration (`trainables.knobs`): `--batch-size 32`; a switch
-    that is off by default `--pin-memory`, one that is on `--no-persistent-workers`."""
-    for name, (kind, default, declared) in KNOBS.items():
+def add_flags(p: argparse.ArgumentParser) -> None:
+    """A flag per setting of the trial's config, from its one declaration (`trainables.knobs`): `--batch-size 32`;
+    a switch that is off by default `--pin-memory`, one that is on `--no-persistent-workers`; a mapping as JSON.
+    Those declared `flag=False` the launcher sets itself, or a flag of its own does (`--target`)."""
+    for name, (kind, default, declared) in DECLARED.items():
         if not declared.flag:
             continue
-        flag = "--" + name.replace("_", "-")
+        flag = "--" + (declared.flag if isinstance(declared.flag, str) else name).replace("_", "-")
         if kind is bool:
             action = "store_false" if default else "store_true"
-            p.add_argument(flag if not default else "--no-" + flag[2:], dest=name, action=action, help=declared.help)
-        else:
-            p.add_argument(flag, type=kind, default=default, choices=declared.choices, help=declared.help)
+            said = " (on unless this flag turns it off)" if default else ""
+            p.add_argument(flag if not default else "--no-" + flag[2:], dest=name, action=action,
+                           help=declared.help + said)
+            continue
+        value = declared.torchrun_default(default)
+        said = "" if declared.sweep is SAME else f" (default here {value!r}; a sweep's {declared.sweep!r})"
+        p.add_argument(flag, dest=name, type=json.loads if kind is dict else kind, default=value,
+                       required=value is REQUIRED, choices=declared.choices, help=declared.help + said)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m trainables.launch", description=__doc__)
+    add_flags(p)
+    p.add_argument("--target", default=None, help="stop when an evaluation meets it, e.g. 'loss/val<=3.2' or "
+                   "'eval/accuracy>=0.9' (needs --eval-every-steps)")
+    p.add_argument("--checkpoint-dir", type=Path, default=None,
+                   help="keep the latest checkpoint here and resume from it on (re)start (torchrun --max-restarts)")
+    return p
 
 
 def _parse(argv: list[str] | None) -> tuple[Path | None, TrialConfig]:
-    p = argparse.ArgumentParser(prog="python -m trainables.launch", description=__doc__)
-    p.add_argument("--workload", default="image-cnn")
-    p.add_argument("--params", default="{}", help="workload params as JSON, e.g. '{\"width\": 32}'")
-    add_knob_flags(p)
-    p.add_argument("--num-steps", type=int, default=50)
-    p.add_argument("--num-warmup-steps", type=int, default=5)
-    p.add_argument("--min-window-s", type=float, default=0.0,
-                   help="the measured window lasts at least this long: more steps than --num-steps if needed "
-                   "(the sweep's budget.min_window_s; 10 is its GPU default)")
-    p.add_argument("--max-window-s", type=float, default=0.0,
-                   help="the measured window ends once it lasts this long, before --num-steps if need be (never "
-                   "fewer than 3 sub-windows; the sweep's budget.max_window_s; 0: off)")
-    p.add_argument("--max-warmup-s", type=float, default=0.0,
-                   help="warm-up ends once its timed steps (after step 0) last this long (never fewer than 2 steps; "
-                   "the sweep's budget.max_warmup_s; 0: off)")
-    p.add_argument("--telemetry-period-s", type=float, default=1.0, help="0 turns the NVML/psutil sampler off")
-    p.add_argument("--threads-per-worker", type=int, default=1)
-    p.add_argument("--report-interval-s", type=float, default=10.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--data-dir", default=".cache/datasets")
-    p.add_argument("--metrics-path", default=None, help="append JSON lines here instead of stdout")
-    p.add_argument("--loader-timeout-s", type=float, default=120.0, help="longest wait for one batch (0: forever)")
-    p.add_argument("--collective-timeout-s", type=float, default=600.0, help="process-group timeout (hung peer)")
-    p.add_argument("--checkpoint-every-steps", type=int, default=0, help="save a checkpoint every N measured steps")
-    p.add_argument("--num-items", type=int, default=0, help="equal-data budget in the workload's unit, all ranks, "
-                   "warm-up included (replaces --num-steps; 0: off)")
-    p.add_argument("--eval-every-steps", type=int, default=0, help="evaluate every N optimizer steps (0: at the end)")
-    p.add_argument("--target", default=None, help="stop when an evaluation meets it, e.g. 'loss/val<=3.2' or "
-                   "'eval/accuracy>=0.9' (needs --eval-every-steps)")
-    p.add_argument("--no-grad-noise-scale", dest="grad_noise_scale", action="store_false",
-                   help="do not measure stats/grad_noise_scale")
-    p.add_argument("--trace-steps", type=int, default=0, help="profile the last N warm-up steps on every rank and "
-                   "report where their time went (trace/*; needs --num-warmup-steps >= N + 2)")
-    p.add_argument("--trace-dir", default=None, help="keep each rank's gzipped trace here (with --trace-steps)")
-    p.add_argument("--usd-per-hour", type=float, default=0.0, help="what this run's devices cost per hour: adds "
-                   "cost/usd_per_hour and cost/usd_per_1m_<unit> to every report")
-    p.add_argument("--checkpoint-dir", type=Path, default=None,
-                   help="keep the latest checkpoint here and resume from it on (re)start (torchrun --max-restarts)")
+    p = build_parser()
     a = p.parse_args(argv)
     if a.checkpoint_every_steps and a.checkpoint_dir is None:
         p.error("--checkpoint-every-steps needs --checkpoint-dir (where the latest checkpoint is kept)")
@@ -107,20 +86,8 @@ def _parse(argv: list[str] | None) -> tuple[Path | None, TrialConfig]:
                 target = {"target_metric": name.strip(), key: float(value)}
         if not target:
             p.error("--target: write METRIC<=VALUE or METRIC>=VALUE, e.g. 'loss/val<=3.2'")
-    return a.checkpoint_dir, TrialConfig(
-        **{k: getattr(a, k) for k, (_, _, declared) in KNOBS.items() if declared.flag},
-        workload=a.workload, workload_params=json.loads(a.params), num_steps=a.num_steps,
-        num_warmup_steps=a.num_warmup_steps, telemetry_period_s=a.telemetry_period_s,
-        use_gpu=torch.cuda.is_available(), threads_per_worker=a.threads_per_worker,
-        report_interval_s=a.report_interval_s, seed=a.seed, data_dir=a.data_dir, metrics_path=a.metrics_path,
-        loader_timeout_s=a.loader_timeout_s, collective_timeout_s=a.collective_timeout_s,
-        checkpoint_every_steps=a.checkpoint_every_steps, num_items=a.num_items, eval_every_steps=a.eval_every_steps,
-        min_window_s=a.min_window_s,
-        max_window_s=a.max_window_s,
-        max_warmup_s=a.max_warmup_s,
-        grad_noise_scale=a.grad_noise_scale, trace_steps=a.trace_steps, trace_dir=a.trace_dir,
-        usd_per_hour=a.usd_per_hour, **target,
-    )
+    flagged = {name: getattr(a, name) for name, (_, _, declared) in DECLARED.items() if declared.flag}
+    return a.checkpoint_dir, TrialConfig(**flagged, use_gpu=torch.cuda.is_available(), **target)
 
 
 def _attempt_store(world: int, timeout: timedelta) -> dict[str, Any]:

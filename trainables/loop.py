@@ -139,7 +139,7 @@ def _train(cfg: TrialConfig, reporter: Reporter, device: torch.device, facts: di
     batches = stream(loader, sampler, needed=length.batches_needed)
     t.m.model.train()
     evals.start_clock()  # time to target counts from the first step, evaluations included
-    tracer = Tracer(0 if cfg.probe else cfg.trace_steps, cfg.trace_dir, t.rank, t.world, device)
+    tracer = Tracer(cfg.trace_steps, cfg.trace_dir, t.rank, t.world, device)
     step = 0
     try:
         while step < length.last_step():

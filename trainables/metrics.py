@@ -65,7 +65,7 @@ def _unlisted(key: str) -> str:
 _NO_GPU = "no NVIDIA GPU (NVML) on a rank"
 _NO_DDP = "one rank"
 _NO_TARGET = "no `objective.target`, or the target was missed"
-_NO_TRACE = "no trace: `telemetry.trace: 0`, warm-up too short for it (`trace/skipped` says why)"
+_NO_TRACE = "no trace: `telemetry.trace_steps: 0`, warm-up too short for it (`trace/skipped` says why)"
 _UNPRICED = "no price for the trial's accelerator type (no `cost` section)"
 
 _THROUGHPUT = _declare(Metric(
@@ -252,7 +252,7 @@ TRACE_STEP_MS = _declare(Metric(
 TRACE_S = _declare(Metric(
     "time/trace_s", "s", "what writing, gzipping, keeping and splitting the trace took (max over ranks), in "
     "warm-up's time; left out of the window's calibration",
-    "`telemetry.trace: 0`, or a probe trial", final_only=True))
+    "`telemetry.trace_steps: 0`, or a probe trial", final_only=True))
 TRACE_STEPS = _declare(Metric(
     "trace/steps", "tag", "the warm-up steps traced, e.g. `3-4`", _NO_TRACE, final_only=True, nameable=False))
 TRACE_PER_RANK = _declare(Metric(

@@ -5,8 +5,8 @@ state), so they cannot hold references to what they share. The sweep's controlle
 `SearchState` and makes it the *current* one while the sweep runs (`running`, a context variable, as a
 Ray Train run's context is); every copy reads it through `current()`.
 
-**Monotone skipping.** Once batch b ran out of memory with some memory settings (`oom_key`: precision,
-compile, the trainable's own params, the worker count), no batch >= b is run with them. After a memory
+**Monotone skipping.** Once batch b ran out of memory with some memory settings (`oom_key`: the knobs
+declared `memory` in `trainables.knobs`, and the trainable's own params), no batch >= b is run with them. After a memory
 probe (`sweeps.service.probe`), settings it did not measure are bounded by the smallest batch it saw fail.
 """
 
@@ -20,27 +20,31 @@ from typing import Any
 
 from sweeps.search.plan import SizeRuns
 from sweeps.spec import PARAMS_PREFIX
+from trainables.knobs import KNOBS, MEMORY_KNOBS
 
 
 def oom_key(knobs: dict[str, Any]) -> tuple[Any, ...]:
-    """Return what, besides the batch size, decides whether a trial fits in memory.
-
-    Precision, compile, the trainable's own params in the space (a wider model runs out of memory at a smaller
-    batch) and the number of ranks (per-rank memory changes little with it, but DDP's buckets and the
-    collectives' buffers do: not assumed), and the accelerator type (another device, another memory). Not
-    grad_accum_steps: a micro-batch's activations are the same whether gradients accumulate."""
+    """What, besides the batch size, decides whether a trial fits in memory: the knobs declared `memory`
+    (`trainables.knobs.MEMORY_KNOBS`: the precision, compile, the number of ranks, the accelerator type), each
+    in its declared type (one that `knobs` leaves out at its default), then the trainable's own params in the
+    space (a wider model runs out of memory at a smaller batch)."""
     own = tuple(sorted((k, str(v)) for k, v in knobs.items() if k.startswith(PARAMS_PREFIX)))
-    workers = knobs.get("num_workers")
-    return (str(knobs["precision"]), bool(knobs["compile"]), own, int(workers) if workers is not None else None,
-            str(knobs.get("accelerator_type") or ""))
+    held = []
+    for name in MEMORY_KNOBS:
+        kind, default, _ = KNOBS[name]
+        value = knobs.get(name)
+        held.append(kind(value if value is not None else default))
+    return (*held, own)
 
 
 def oom_label(knobs: dict[str, Any]) -> str:
-    """The memory settings of `knobs` (its `oom_key`) as a message names them."""
-    precision, compiled, own, workers, kind = oom_key(knobs)
-    return ", ".join([f"precision={precision}", f"compile={compiled}", *(f"{k}={v}" for k, v in own),
-                      *([f"num_workers={workers}"] if workers is not None else []),
-                      *([f"accelerator_type={kind}"] if kind else [])])
+    """The memory settings of `knobs` (its `oom_key`) as a message names them: the knobs every space holds, the
+    trainable's own params, then the others where they are set (not at their default)."""
+    *held, own = oom_key(knobs)
+    values = dict(zip(MEMORY_KNOBS, held, strict=True))
+    always = [f"{k}={v}" for k, v in values.items() if KNOBS[k][2].implicit]
+    shape = [f"{k}={v}" for k, v in values.items() if not KNOBS[k][2].implicit and v != KNOBS[k][1]]
+    return ", ".join([*always, *(f"{k}={v}" for k, v in own), *shape])
 
 
 @dataclass
@@ -65,10 +69,9 @@ class SearchState:
         self.oom_bounds[key] = min(self.oom_bounds.get(key, int(knobs["batch_size"])), int(knobs["batch_size"]))
 
     def record_probe(self, knobs: dict[str, Any], oom_batch: int | None, measured: bool = True) -> None:
-        """Record what the memory probe learnt about the memory settings of `knobs`.
-
-        `oom_batch`, the smallest batch it saw run out of memory (None: every batch it tried fit); `measured`,
-        whether it found their frontier (False when another failure stopped it, so they count as not measured)."""
+        """What the memory probe learnt about the memory settings of `knobs`: `oom_batch`, the smallest
+        batch it saw run out of memory (None: every batch it tried fit); `measured`, whether it found their
+        frontier (False when another failure stopped it, so they count as not measured)."""
         key = oom_key(knobs)
         if measured:
             self.probed.add(key)
@@ -85,17 +88,16 @@ class SearchState:
         return min(own, default=None), unmeasured
 
     def oom_excluded(self, knobs: dict[str, Any]) -> int | None:
-        """Return the batch size that bounds `knobs` if its batch is at or above it.
-
-        What already ran out of memory with the same settings (`oom_key`), or, for settings the memory probe did
-        not measure, the smallest batch the probe saw run out of memory with any settings."""
+        """The batch size that bounds `knobs` if its batch is at or above it: what already ran out of memory
+        with the same settings (`oom_key`), or, for settings the memory probe did not measure, the smallest
+        batch the probe saw run out of memory with any settings."""
         bound = min((b for b in self._bounds(knobs) if b is not None), default=None)
         return bound if bound is not None and int(knobs["batch_size"]) >= bound else None
 
     def grid_skips(self, fixed: dict[str, Any]) -> list[dict[str, Any]]:
-        """Return the knobs (`fixed` and the point) of each grid point that will never run; empty outside grid mode.
-
-        Those the searcher skipped, and those still to hand out that what ran out of memory since rules out."""
+        """The knobs (`fixed` and the point) of each grid point that will never run: those the searcher
+        skipped, and those still to hand out that what ran out of memory since rules out. Empty outside grid
+        mode."""
         left = ({**fixed, **p} for p in self.grid_left)
         return [{**fixed, **p} for p in self.grid_skipped] + [k for k in left if self.oom_excluded(k) is not None]
 

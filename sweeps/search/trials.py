@@ -1,8 +1,7 @@
-"""Turn the spec and a sampled configuration into what one trial runs.
-
-Its length on the clock, its worker count, what it holds on the cluster, and its complete config
-(`resolve_trial`) and logged params (`trial_params`). No compute here: the same `resolve_trial` feeds the
-Train workers and the MLflow params, so what is logged is exactly what ran."""
+"""From the spec and a sampled configuration to what one trial runs: its length on the clock, its worker
+count, what it holds on the cluster, and its complete config (`resolve_trial`) and logged params
+(`trial_params`). No compute here: the same `resolve_trial` feeds the Train workers and the MLflow params,
+so what is logged is exactly what ran."""
 
 from __future__ import annotations
 
@@ -13,36 +12,27 @@ from sweeps.spec import PARAMS_PREFIX, IntParam, Scalar, SweepSpec
 from sweeps.spec.cost import usd_per_hour
 from sweeps.spec.params import param_values
 from sweeps.spec.sections import BudgetSpec
+from sweeps.spec.settings import trial_settings
 from trainables.contract import TrialConfig
-from trainables.knobs import KNOBS
-
-GPU_MIN_WINDOW_S = 10.0
-# Time boxes (num_steps with a speed objective): (max_window_s, max_warmup_s) on GPU and on CPU
-GPU_TIME_BOX_S = (30.0, 10.0)
-CPU_TIME_BOX_S = (5.0, 3.0)
+from trainables.knobs import CPU_TIME_BOX_S, GPU_MIN_WINDOW_S, GPU_TIME_BOX_S, KNOBS
 
 
 def window_floor(b: BudgetSpec, use_gpu: bool, steps_fixed: bool = False) -> float:
-    """Return the measured window's least length.
-
-    As given, else 10 s on GPU (a GPU step takes milliseconds: a window of a few steps is shorter than two
-    telemetry samples) and 0 on CPU (a CPU step takes tens of milliseconds or more, so num_steps already spans
-    seconds). An equal-data budget rules, and so does ASHA on steps (`steps_fixed`: it compares and ends trials
-    at num_steps)."""
+    """The measured window's least length: as given, else `GPU_MIN_WINDOW_S` on GPU and 0 on CPU (why:
+    `trainables.knobs`). An equal-data budget rules, and so does ASHA on steps (`steps_fixed`: it compares and
+    ends trials at num_steps)."""
     if b.num_items or steps_fixed:
         return 0.0
     return b.min_window_s if b.min_window_s is not None else (GPU_MIN_WINDOW_S if use_gpu else 0.0)
 
 
 def time_box(b: BudgetSpec, use_gpu: bool, steps_fixed: bool = False, constrained: bool = False) -> tuple[float, float]:
-    """Return (max_window_s, max_warmup_s), the time boxes of every trial, 0 where off.
-
-    As given, else 30/10 s on GPU and 5/3 s on CPU, so with a
+    """(max_window_s, max_warmup_s), 0 where off: as given, else `GPU_TIME_BOX_S` or `CPU_TIME_BOX_S`, so with a
     speed objective every trial costs about the same seconds whatever its step time. Off with an
     equal-data budget and ASHA on steps (they set the length); a quality objective or constraint
     (`constrained`) leaves them off unless given (its metric wants equal steps), and so does a warm-up too
     short to time a step (the window's steps are planned from it). The window never ends below the least
-    window (min_window_s, or 10 s on GPU)."""
+    window (`window_floor`)."""
     if b.num_items or steps_fixed:
         return 0.0, 0.0
     window, warmup = GPU_TIME_BOX_S if use_gpu else CPU_TIME_BOX_S
@@ -55,9 +45,8 @@ def time_box(b: BudgetSpec, use_gpu: bool, steps_fixed: bool = False, constraine
 
 
 def trial_clock(spec: SweepSpec) -> tuple[float, float, float]:
-    """Return what the clock may do to every trial's length: (min_window_s, max_window_s, max_warmup_s).
-
-    0 where off. A target sets the length itself; ASHA on steps compares and ends trials at num_steps; a quality
+    """What the clock may do to every trial's length: (min_window_s, max_window_s, max_warmup_s), 0 where
+    off. A target sets the length itself; ASHA on steps compares and ends trials at num_steps; a quality
     objective or constraint leaves the boxes off unless given (`window_floor`, `time_box`)."""
     if spec.objective.target is not None:
         return 0.0, 0.0, 0.0
@@ -73,9 +62,8 @@ def max_loader_workers(spec: SweepSpec) -> int:
 
 
 def worker_counts(spec: SweepSpec) -> list[int]:
-    """Return every number of ranks a trial of the space can run on, ascending.
-
-    That is `space.num_workers`, else `scaling.num_workers` alone."""
+    """Every number of ranks a trial of the space can run on, ascending (`space.num_workers`, else
+    `scaling.num_workers` alone)."""
     p = spec.space.num_workers
     if p is None:
         return [spec.scaling.num_workers]
@@ -85,26 +73,23 @@ def worker_counts(spec: SweepSpec) -> list[int]:
 
 
 def first_workers(spec: SweepSpec) -> int:
-    """Return the ranks a warm group starts with before it has a trial.
-
-    The first choice (the grid's first), or the low end of a range."""
+    """The ranks a warm group starts with before it has a trial: the first choice (the grid's first), or the
+    low end of a range."""
     p = spec.space.num_workers
     return spec.scaling.num_workers if p is None else int(param_values(p)[0])
 
 
 def first_shape(spec: SweepSpec) -> tuple[int, str]:
-    """Return the shape a warm group starts with before it has a trial.
-
-    The first worker count and the first accelerator type ("": not pinned) of the space."""
+    """The shape a warm group starts with before it has a trial: the first worker count and the first
+    accelerator type ("": not pinned) of the space."""
     from sweeps.spec.cost import accelerator_types
 
     return first_workers(spec), accelerator_types(spec)[0]
 
 
 def fixed_knobs(spec: SweepSpec) -> dict[str, Scalar]:
-    """Return the space's fixed knobs, with the worker count where the space does not search it.
-
-    The accelerator type a scaling section pins joins them too, where the space does not search it."""
+    """The space's fixed knobs, with the worker count (and the accelerator type a scaling section pins)
+    where the space does not search it."""
     fixed = spec.space.fixed()
     if spec.space.accelerator_type is None and spec.scaling.accelerator_type is not None:
         fixed = {"accelerator_type": spec.scaling.accelerator_type, **fixed}
@@ -117,10 +102,9 @@ def largest_trial_need(spec: SweepSpec) -> dict[str, float]:
 
 
 def resolve_trial(spec: SweepSpec, sampled: dict[str, Any], metrics_path: str | None = None) -> TrialConfig:
-    """Return the complete configuration one trial runs with.
-
-    The knobs' declared defaults, the space's fixed values, then what was sampled; the budget, scaling and
-    telemetry around them."""
+    """The complete configuration one trial runs with: the knobs' declared defaults, the space's fixed
+    values, then what was sampled; the settings the spec sets as they are (`sweeps.spec.settings`), and those
+    worked out from the budget, objective and cost around them."""
     values = {k: default for k, (_, default, _) in KNOBS.items()} | fixed_knobs(spec) | sampled
     own = {k[len(PARAMS_PREFIX):]: v for k, v in values.items() if k.startswith(PARAMS_PREFIX)}
     knobs = {k: kind(values[k]) for k, (kind, _, _) in KNOBS.items()}  # each in its declared type
@@ -134,7 +118,7 @@ def resolve_trial(spec: SweepSpec, sampled: dict[str, Any], metrics_path: str | 
     min_window, window_box, warmup_box = trial_clock(spec)
     return TrialConfig(
         **knobs,
-        workload=spec.trainable.name,
+        **trial_settings(spec),  # workload, num_warmup_steps, report_interval_s, the timeouts, telemetry, seed, ...
         workload_params={**spec.trainable.params, **own},
         num_items=b.num_items,
         eval_every_steps=b.eval_every_steps or 0,
@@ -144,21 +128,10 @@ def resolve_trial(spec: SweepSpec, sampled: dict[str, Any], metrics_path: str | 
         # ASHA on the target's curve needs a report after each evaluation; otherwise none (each is a barrier)
         report_evals=spec.objective.time_to_target and spec.search.early_stopping is not None,
         num_steps=num_steps,
-        num_warmup_steps=b.num_warmup_steps,
-        report_interval_s=b.report_interval_s,
         # a target sets the length; ASHA on steps compares and ends trials at num_steps
         min_window_s=min_window,
         max_window_s=window_box,
         max_warmup_s=warmup_box,
-        loader_timeout_s=b.loader_timeout_s,
-        collective_timeout_s=b.collective_timeout_s,
-        checkpoint_every_steps=b.checkpoint_every_steps,
-        telemetry_period_s=spec.telemetry.period_s,
-        trace_steps=spec.telemetry.trace,
-        use_gpu=spec.scaling.use_gpu,
-        threads_per_worker=spec.scaling.cpus_per_worker,
-        seed=spec.seed,
-        data_dir=spec.data_dir,
         metrics_path=metrics_path,
         usd_per_hour=usd_per_hour(spec, knobs["accelerator_type"], knobs["num_workers"],
                                   knobs["num_dataloader_workers"]),
@@ -166,9 +139,8 @@ def resolve_trial(spec: SweepSpec, sampled: dict[str, Any], metrics_path: str | 
 
 
 def trial_params(spec: SweepSpec, cfg: TrialConfig) -> dict[str, Any]:
-    """Return flat, UI-friendly params for a trial's MLflow run (compare view, parallel coordinates).
-
-    Every loop knob as it ran, and what follows from them."""
+    """Flat, UI-friendly params for a trial's MLflow run (compare view, parallel coordinates): every loop
+    knob as it ran, and what follows from them."""
     global_batch = cfg.batch_size * cfg.grad_accum_steps * cfg.num_workers
     knobs: dict[str, Any] = {k: getattr(cfg, k) for k in KNOBS}
     searched_lr = cfg.lr if spec.lr_scaling is None else cfg.lr / spec.lr_scaling.factor(global_batch)

@@ -1,19 +1,18 @@
-"""Probe the memory frontier before the search: the largest batch size that fits per memory setting.
+"""The memory frontier, probed before the search: the largest batch size that fits, for every
+combination of the settings that decide memory.
 
-The frontier is found for every combination of the settings that decide memory.
-
-Those settings are `search.oom_key`'s: precision, compile, the trainable's own params in the
-space and the number of ranks. The probe measures each combination the space can produce (every
-choice of a categorical or fixed one; the first value of a range, which has too many; every worker
-count, each on a warm group of that size: per-rank memory changes little with the ranks, but that
-is measured, not assumed), every other searched knob at its first value. grad_accum_steps is not among them: a micro-batch's activations take the same memory
-whether its gradients accumulate or not (the gradients are held either way), so a bound holds for
-every grad_accum_steps. Nor are the loader knobs (host memory), lr, clipping (a probe always clips).
+Those settings are `live_state.oom_key`'s: the knobs declared `memory` (`trainables.knobs.MEMORY_KNOBS`)
+and the trainable's own params in the space. The probe measures each combination the space can produce
+(every choice of a categorical or fixed one; the first value of a range, which has too many; every
+accelerator type and worker count, each on a warm group of that shape: per-rank memory changes little with
+the ranks, but that is measured, not assumed), every other searched knob at its first value: the others do
+not decide a step's memory on the device (grad_accum_steps: a micro-batch's activations are the same whether
+its gradients accumulate; the loader knobs: host memory; lr, clipping: a probe always clips).
 
 Per combination, a binary search over the space's batch sizes, each candidate a few steps on the
-real (warm) workers with `TrialConfig.probe`: every rank learns each step whether any rank ran out
-of memory and all raise together, so no rank waits forever for one that gave up, and the group
-stays warm. Candidates tried per combination: at most ceil(log2(n + 1)) for n batch sizes.
+real (warm) workers, as `TrialConfig.as_probe` sets them (each setting declared with a `probe` value):
+every rank learns each step whether any rank ran out of memory and all raise together, so no rank waits
+forever for one that gave up, and the group stays warm. Candidates tried per combination: at most ceil(log2(n + 1)) for n batch sizes.
 
 What it learns bounds the search (`search.record_probe`, `search.oom_excluded`): a batch that did
 not fit, and every larger one, is never run with that combination (such proposals are told to
@@ -24,7 +23,6 @@ anywhere. Without the probe, only trials that ran out of memory bound the search
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import re
 import tempfile
@@ -38,8 +36,8 @@ from sweeps.service.failures import classify
 from sweeps.service.trial import WarmFailure, warm_reports
 from sweeps.spec import PARAMS_PREFIX, CategoricalParam, FixedParam, FloatParam, IntParam, Param, SweepSpec
 from sweeps.spec.cost import accelerator_types
-
-_PROBE_STEPS = 2
+from sweeps.spec.space import GROUP_KEYS
+from trainables.knobs import KNOBS, MEMORY_KNOBS
 
 
 def batch_candidates(p: Param) -> list[int]:
@@ -66,10 +64,7 @@ def _first(p: Param) -> Any:
 
 def _try(queue: Any, spec: SweepSpec, knobs: dict[str, Any]) -> tuple[str, str]:
     """Run one candidate on a warm group: ("fits", "") or (failure kind, reason)."""
-    cfg = dataclasses.replace(resolve_trial(spec, knobs), num_steps=_PROBE_STEPS, num_warmup_steps=1, probe=True,
-                              telemetry_period_s=0.0, report_interval_s=1e9, checkpoint_every_steps=0, num_items=0,
-                              eval_every_steps=0, target_metric=None, target_max=None, target_min=None,
-                              min_window_s=0.0, max_window_s=0.0, max_warmup_s=0.0)  # whether a step fits, not how fast
+    cfg = resolve_trial(spec, knobs).as_probe()  # whether a step fits, not how fast
     trial_id = f"probe-{uuid.uuid4().hex[:8]}"
     with tempfile.TemporaryDirectory(prefix="probe-") as tmp:
         try:
@@ -83,15 +78,17 @@ def _try(queue: Any, spec: SweepSpec, knobs: dict[str, Any]) -> tuple[str, str]:
 
 
 def memory_settings(spec: SweepSpec) -> list[dict[str, Any]]:
-    """Return every combination of the memory settings (`search.oom_key`) the probe measures.
-
-    Every choice of a categorical, the value of a fixed one, a range's first value."""
+    """Every combination of the memory settings (`live_state.oom_key`) the probe measures: every choice of a
+    categorical, the value of a fixed one, a range's first value (a knob the space does not hold: its
+    default)."""
     space = spec.space
-    knobs: dict[str, Param] = {"precision": space.held("precision"), "compile": space.held("compile")}
+    held = {k: space.param(k) for k in MEMORY_KNOBS if k not in GROUP_KEYS}
+    knobs: dict[str, Param] = {k: p if p is not None else FixedParam(type="fixed", value=KNOBS[k][1])
+                               for k, p in held.items()}
     knobs |= {PARAMS_PREFIX + name: p for name, p in space.params.items()}
     values = [list(p.choices) if isinstance(p, CategoricalParam) else [_first(p)] for p in knobs.values()]
-    # the type and the worker count slowest: the warm groups change shape once per type and count; each type
-    # is probed on its own devices (its own memory)
+    # the group's shape slowest (the type, then the worker count): the warm groups change shape once per type
+    # and count; each type is probed on its own devices (its own memory)
     return [{**({"accelerator_type": kind} if kind else {}), "num_workers": n, **dict(zip(knobs, combo, strict=True))}
             for kind in accelerator_types(spec) for n in worker_counts(spec) for combo in itertools.product(*values)]
 
@@ -115,10 +112,19 @@ def _frontier(queue: Any, spec: SweepSpec, knobs: dict[str, Any], candidates: li
 
 def _names(setting: dict[str, Any], searched: set[str]) -> tuple[str, str]:
     """How a probe line and its parent-run tag name one combination: `bf16-mixed, compile, params.hidden=512`
-    and `bf16-mixed.compile.params.hidden.512`; uncompiled ones keep the precision's name alone."""
-    parts = [str(setting["precision"])] + (["compile"] if setting["compile"] else []) \
-        + ([f"{setting['num_workers']}-workers"] if "num_workers" in searched else []) \
-        + ([str(setting["accelerator_type"])] if "accelerator_type" in searched else [])
+    and `bf16-mixed.compile.params.hidden.512`. Its memory knobs (`MEMORY_KNOBS`): those every space holds, then
+    the others where searched; each by its value (`bf16-mixed`), a switch by its name where on (`compile`), a
+    count with its noun (`2-workers`)."""
+    parts = []
+    for name in sorted(MEMORY_KNOBS, key=lambda k: not KNOBS[k][2].implicit):
+        kind, _, declared = KNOBS[name]
+        value = setting.get(name)
+        if not declared.implicit and name not in searched:
+            continue
+        if kind is bool:
+            parts += [name] if value else []
+        else:
+            parts.append(f"{value}-{name.removeprefix('num_')}" if kind is int else str(value))
     own = [(k, str(v)) for k, v in setting.items() if k.startswith(PARAMS_PREFIX) and k in searched]
     line = ", ".join(parts + [f"{k}={v}" for k, v in own])
     tag = ".".join(parts + [f"{k}.{v}" for k, v in own])
@@ -126,15 +132,13 @@ def _names(setting: dict[str, Any], searched: set[str]) -> tuple[str, str]:
 
 
 def probe_frontier(spec: SweepSpec, queue: Any, state: SearchState, echo: Callable[[str], None]) -> dict[str, str]:
-    """Probe every combination of memory settings (`memory_settings`) and tell the search what it learnt.
-
-    Returns the parent run's tags (`sweep.probe.<precision>[.compile][.params.<name>.<value>]`).
+    """Probe every combination of memory settings (`memory_settings`) and tell the search what it
+    learnt; returns the parent run's tags (`sweep.probe.<precision>[.compile][.params.<name>.<value>]`).
     It runs in the sweep's warm groups, which are priced whole (`sweeps.results.money.groups_usd`)."""
     space = spec.space
     searched = space.searched()
-    others = {k: _first(p) for k, p in searched.items()
-              if k not in ("batch_size", "precision", "compile", "num_workers", "accelerator_type")
-              and not k.startswith(PARAMS_PREFIX)}
+    others = {k: _first(p) for k, p in searched.items()  # each other searched knob at its first value
+              if k != "batch_size" and k not in MEMORY_KNOBS and not k.startswith(PARAMS_PREFIX)}
     candidates = batch_candidates(space.held("batch_size"))
     tags: dict[str, str] = {}
     for setting in memory_settings(spec):

@@ -125,7 +125,7 @@ def planned_cost(spec: SweepSpec, group_start_s: float | None = None) -> str:
                 f"{'the data budget' if b.num_items else 'the target' if spec.objective.target else 'num_steps'}), "
                 f"so the ETA follows the trials as they finish{groups}")
     boxed = window + warmup
-    if floor:  # budget.min_window_s (10 s on a GPU): a trial run to its end measures between the floor and the box
+    if floor:  # the least window (`trials.window_floor`): a trial run to its end measures between the floor and the box
         span = f"{floor:g}-{window:g}" if floor < window else f"{window:g}"
         total = f"{floor:g}-{boxed:g} s = {rounds * floor:g}-{rounds * boxed:g}" if floor < boxed else f"{boxed:g} s = {rounds * boxed:g}"
         each = (f"<= {warmup:g} s of warm-up + {span} s measured (budget.max_warmup_s / min_window_s / "

@@ -7,7 +7,9 @@ rules across sections live apart (`cross_checks`), and so do loading (`load`) an
 
 Every problem is reported at once, each with its field path, YAML line, the bad value and what is
 allowed. Loading runs no code: `yaml.safe_load` semantics, aliases refused. The loop's knobs in `space`
-come from their one declaration, `trainables.knobs.LoopKnobs`.
+come from their one declaration, `trainables.knobs.LoopKnobs`, and the fields that set a trial setting as it
+is (`budget.num_warmup_steps`, `telemetry.trace_steps`, ...) from theirs, `trainables.knobs.TrialSettings`
+(`declared`).
 """
 
 from sweeps.spec.load import load_spec, parse_spec

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from sweeps.spec.cost import SAVED_PRICES
 from sweeps.spec.problems import RuleProblems, SpecError, SpecProblem
+from sweeps.spec.sections import RENAMED
 from sweeps.spec.space import OPTIM_KNOBS, PARAMS_PREFIX
 from sweeps.spec.sweep import SweepSpec
 from trainables.knobs import KNOBS
@@ -76,6 +77,9 @@ def _problem(err: dict[str, Any], lines: dict[tuple[str, ...], int]) -> SpecProb
         loop = sorted(k for k in KNOBS if k not in OPTIM_KNOBS)
         msg = (f"unknown key; allowed: {', '.join(loop)}; optimisation: {', '.join(OPTIM_KNOBS)}; the trainable's "
                f"own: {PARAMS_PREFIX}<name>")
+    elif err["type"] == "extra_forbidden" and ".".join(loc) in RENAMED:
+        new = RENAMED[".".join(loc)]
+        msg = f"renamed to {new} (the same setting); write {new.rsplit('.', 1)[1]} instead"
     elif err["type"] == "extra_forbidden":
         allowed = _allowed_keys(loc[:-1])
         msg = "unknown key" + (f"; allowed: {', '.join(allowed)}" if allowed else "")

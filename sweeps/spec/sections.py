@@ -10,15 +10,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from sweeps.spec.params import STRICT
+from sweeps.spec.settings import setting_field
 from sweeps.store import DEFAULT_URI, file_store_problem
 from trainables import registry
 from trainables.contract import items_problem, window_problem
+from trainables.knobs import CPU_TIME_BOX_S, GPU_MIN_WINDOW_S, GPU_TIME_BOX_S
 
 
 class TrainableSpec(BaseModel):
     model_config = STRICT
-    name: str = Field(description="a registered workload (`image-cnn`, `gpt-lm`, `mlp-tabular`) or "
-                      "`package.module:function` returning a `trainables.Workload`")
+    name: str = setting_field("workload")
     params: dict[str, Any] = Field(default_factory=dict, description="the trainable's own params, the same for every "
                                    "trial (search one as `space.params.<name>` instead)")
 
@@ -94,32 +95,28 @@ class BudgetSpec(BaseModel):
     num_tokens: int | None = Field(default=None, ge=1, description="equal data for a token-counting trainable")
     eval_every_steps: int | None = Field(default=None, ge=1, description="evaluate on the validation set every this "
                                          "many optimizer steps (needed by objective.target)")
-    num_warmup_steps: int = Field(default=5, ge=0, description="untimed steps before the measured window: the build, "
-                                  "loader start-up and compilation fall there")
+    num_warmup_steps: int = setting_field("num_warmup_steps")
     min_window_s: float | None = Field(default=None, ge=0, description="with num_steps: each trial's measured window "
                                        "lasts at least this long, running more steps than num_steps if needed (the "
-                                       "number run is logged as progress/steps); default 10 on GPU, 0 on CPU")
+                                       "number run is logged as progress/steps); default "
+                                       f"{GPU_MIN_WINDOW_S:g} on GPU, 0 on CPU")
     max_window_s: float | None = Field(default=None, gt=0, description="with num_steps: each trial's measured window "
                                        "ends once it lasts this long, with fewer steps than num_steps if need be (never "
-                                       "fewer than the 3 sub-windows the throughput's noise figure needs); default 30 on "
-                                       "GPU, 5 on CPU; off by default with objective.constraints (a quality constraint "
-                                       "wants equal steps)")
+                                       "fewer than the 3 sub-windows the throughput's noise figure needs); default "
+                                       f"{GPU_TIME_BOX_S[0]:g} on GPU, {CPU_TIME_BOX_S[0]:g} on CPU; off by default "
+                                       "with objective.constraints (a quality constraint wants equal steps)")
     max_warmup_s: float | None = Field(default=None, gt=0, description="with num_steps: warm-up ends once its timed "
                                        "steps (after step 0, which builds, starts loaders and compiles) last this long, "
                                        "with fewer steps than num_warmup_steps if need be (never fewer than 2); "
-                                       "default 10 on GPU, 3 on CPU")
-    report_interval_s: float = Field(default=10.0, gt=0, description="seconds between a trial's progress reports (a "
-                                     "warm trial stops at its next one)")
+                                       f"default {GPU_TIME_BOX_S[1]:g} on GPU, {CPU_TIME_BOX_S[1]:g} on CPU")
+    report_interval_s: float = setting_field("report_interval_s")
     max_retries: int = Field(default=1, ge=0, description="re-runs of a trial whose worker or node died "
                              "(transient); other failures are final")
     max_identical_failures: int = Field(default=3, ge=0, description="stop the sweep after this many trials "
                                         "in a row fail with the same error (0: never)")
-    loader_timeout_s: float = Field(default=120.0, ge=0, description="longest a step waits for one batch from "
-                                    "a dataloader worker before the trial fails (0: forever)")
-    collective_timeout_s: float = Field(default=600.0, gt=0, description="process-group timeout: a rank "
-                                        "stuck in a collective (a hung peer) fails the trial after this")
-    checkpoint_every_steps: int = Field(default=0, ge=0, description="measured steps between checkpoints "
-                                        "(0: none); a trial whose worker or node died resumes from the last one")
+    loader_timeout_s: float = setting_field("loader_timeout_s")
+    collective_timeout_s: float = setting_field("collective_timeout_s")
+    checkpoint_every_steps: int = setting_field("checkpoint_every_steps")
     time_budget_s: float | None = Field(default=None, gt=0, description="wall-clock limit for the whole sweep: "
                                         "no trial starts after it, running ones are stopped")
     max_queue_s: float | None = Field(default=None, gt=0, description="longest the sweep waits at once for resources "
@@ -190,8 +187,8 @@ class ScalingSpec(BaseModel):
     model_config = STRICT
     num_workers: int = Field(default=2, ge=1, description="ranks per trial (one GPU each with use_gpu); search it as "
                              "space.num_workers instead")
-    use_gpu: bool = Field(default=False, description="train on GPUs over NCCL, one per rank (else CPUs over gloo)")
-    cpus_per_worker: int = Field(default=1, ge=1, description="CPU cores each rank reserves (its torch threads)")
+    use_gpu: bool = setting_field("use_gpu")
+    cpus_per_worker: int = setting_field("threads_per_worker")
     gpus_per_worker: float = Field(default=0.0, ge=0, description="GPUs per rank: 1 with use_gpu (set for you)")
     accelerator_type: str | None = Field(default=None, description="pin every rank of every trial to one type: a GPU "
                                          "type by the name Ray labels it with (e.g. H100, A100), or on CPU a node "
@@ -230,12 +227,14 @@ class ScalingSpec(BaseModel):
         return self
 
 
+# a spec key that was renamed -> the field that replaced it: a spec that still names it is refused with the fix
+RENAMED = {"telemetry.trace": "telemetry.trace_steps"}  # one name in the spec, the trial's config and the launcher
+
+
 class TelemetrySpec(BaseModel):
     model_config = STRICT
-    period_s: float = Field(default=1.0, ge=0, description="NVML/psutil sampling period; 0 turns sampling off")
-    trace: int = Field(default=2, ge=0, description="profile the last this many warm-up steps of every trial on "
-                       "every rank (after one profiler warm-up step): where each step's time went, and each rank's "
-                       "trace kept with the trial's run; 0 turns it off")
+    period_s: float = setting_field("telemetry_period_s")
+    trace_steps: int = setting_field("trace_steps")
 
 
 class TrackingSpec(BaseModel):

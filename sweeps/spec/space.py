@@ -129,12 +129,12 @@ class _Space(BaseModel):
         size before it is replaced."""
         values = self.grid_values()
         rank = {k: i for i, k in enumerate(self._all())}
-        order = sorted(values, key=lambda k: (k not in _GROUP_KEYS, _GROUP_KEYS.index(k) if k in _GROUP_KEYS else 0,
+        order = sorted(values, key=lambda k: (k not in GROUP_KEYS, GROUP_KEYS.index(k) if k in GROUP_KEYS else 0,
                                               k == "batch_size", rank[k]))
         return [dict(zip(order, combo, strict=True)) for combo in itertools.product(*(values[k] for k in order))]
 
 
-_GROUP_KEYS = ("accelerator_type", "num_workers")  # what a warm group is made for: they vary slowest
+GROUP_KEYS = ("accelerator_type", "num_workers")  # what a warm group is made for: they vary slowest
 
 
 def _fields() -> dict[str, Any]:

@@ -25,6 +25,7 @@ from sweeps.spec.sections import (
     TrackingSpec,
     TrainableSpec,
 )
+from sweeps.spec.settings import setting_field
 from sweeps.spec.space import SpaceSpec
 from trainables import registry
 from trainables.contract import throughput_key
@@ -59,9 +60,8 @@ class SweepSpec(BaseModel):
                               "not a URI) where the sweep keeps its state (sweep.json, Tune's "
                               "experiment, trial checkpoints) and its lock; relative: to the working directory, or "
                               "inside a `ray job submit --working-dir` job to $SWEEPS_HOME (default ~/sweeps)")
-    data_dir: str = Field(default=".cache/datasets", description="where workloads write their data files (relative: to "
-                          "each rank's working directory, which is the sweep's)")
-    seed: int = Field(default=0, description="the sampler's seed, and every trial's model initialisation and data order")
+    data_dir: str = setting_field("data_dir")
+    seed: int = setting_field("seed")
 
     @model_validator(mode="before")
     @classmethod

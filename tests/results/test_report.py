@@ -30,7 +30,7 @@ from PIL import Image
 
 from sweeps.cli import main
 from sweeps.results.outcome import SweepOutcome, TrialRow, pareto_rows
-from sweeps.results.plots import MAX_LABELS, TOP_N, figures, publish, summary_html
+from sweeps.results.plots import MAX_LABELS, TOP_N, figures, publish
 from sweeps.results.quality import log_updates
 from sweeps.results.report import (
     answer,
@@ -44,6 +44,7 @@ from sweeps.results.report import (
     sweep_note,
     trials_table,
 )
+from sweeps.results.summary_page import summary_html
 from sweeps.results.verdict import revise_verdicts
 from sweeps.search.trials import resolve_trial, trial_params
 from sweeps.spec import parse_spec
