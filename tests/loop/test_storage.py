@@ -121,7 +121,7 @@ while True:
 
 def test_a_kill_midway_leaves_the_old_file_or_the_new_one_never_half(root: Root) -> None:
     writer = subprocess.Popen([sys.executable, "-c", _WRITER, root.storage.uri()], stdout=subprocess.PIPE,
-                              cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+                              cwd=os.getcwd(), env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
         assert writer.stdout is not None and writer.stdout.readline() == b"writing\n"
         time.sleep(1.5)
@@ -221,7 +221,9 @@ def test_a_local_root_that_cannot_be_written_fails_the_check(tmp_path: Path) -> 
         Storage(str(tmp_path / "ro" / "sweeps")).check_writable()
 
 
-def test_an_unreachable_endpoint_fails_in_one_line_naming_the_uri(s3: S3Server) -> None:
+def test_an_unreachable_endpoint_fails_in_one_line_naming_the_uri(s3: S3Server, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
     uri = f"s3://sweeps/x?endpoint_override=127.0.0.1:{free_port()}&scheme=http&region=us-east-1"
     with pytest.raises(StorageError) as got:
         Storage(uri).check_writable()
@@ -231,6 +233,7 @@ def test_an_unreachable_endpoint_fails_in_one_line_naming_the_uri(s3: S3Server) 
 
 
 def test_missing_credentials_are_named_when_the_store_refuses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
     with s3_server(enforce_auth=True) as strict:
         uri = strict.uri("sweeps")
         with pytest.raises(StorageError) as refused:  # keys the store never issued
@@ -248,7 +251,9 @@ def test_missing_credentials_are_named_when_the_store_refuses(tmp_path: Path, mo
     assert "the store refused" in said and "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not set" in said, said
 
 
-def test_a_uri_pyarrow_cannot_open_says_so_and_secrets_are_never_shown() -> None:
+def test_a_uri_pyarrow_cannot_open_says_so_and_secrets_are_never_shown(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
     with pytest.raises(StorageError, match=r"cannot open s3://sweeps/x\?nonsense=1 .*Unexpected query parameter"):
         Storage("s3://sweeps/x?nonsense=1").exists("a")
     assert "SECRET" not in shown("s3://AKIA:SECRET@bucket/x") + shown("s3://bucket/x?secret_key=SECRET&region=r")
@@ -287,7 +292,7 @@ def test_a_holder_killed_outright_frees_the_lock_at_once(root: Root) -> None:
     """SIGKILL: no `finally` runs. fcntl: the kernel drops the lock; a lease: its holder's process is gone
     from this machine."""
     holder = subprocess.Popen([sys.executable, "-c", _HOLDER, root.storage.uri()], stdout=subprocess.PIPE,
-                              cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+                              cwd=os.getcwd(), env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
         assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
         with pytest.raises(LockHeld) as held, root.storage.lock("sweep-1.lock", _ME):
