@@ -108,6 +108,8 @@ class Storage:
         key = _key(*parts)
         if self._local is not None:
             return str(self._local / key) if key else str(self._local)
+        if any(c in key for c in "?#%"):  # would be read as the URI's query, fragment or an escape
+            raise ValueError(f"{key!r}: a key below a URI holds no '?', '#' or '%'")
         split = urlsplit(self.root)
         return urlunsplit(split._replace(path=f"{split.path}/{key}" if key else split.path))
 
@@ -276,8 +278,10 @@ class Storage:
     def fetched(self, key: str) -> Iterator[Path]:
         """A local folder holding what is below `key` while inside: on a local root the folder itself (no
         copy), else a temporary copy removed on exit (a rank reading a checkpoint, the driver handing a
-        trial's traces to MLflow)."""
+        trial's traces to MLflow). FileNotFoundError where `key` is nothing."""
         if self._local is not None:
+            if not (self._local / _key(key)).exists():
+                raise FileNotFoundError(f"{self.uri(key)}: no such file or folder")
             yield self._local / _key(key)
             return
         with tempfile.TemporaryDirectory(prefix="fetched-") as tmp:
@@ -286,14 +290,17 @@ class Storage:
     # --- checks and the lock -------------------------------------------------------------------------------
 
     def check_writable(self) -> None:
-        """Write a small marker at the root, read it back and remove it: before a sweep starts, an
-        unreachable store, missing credentials or a read-only folder fail here, in one line."""
+        """Write a small marker at the root, read it back, find it listed and remove it: before a sweep
+        starts, an unreachable store, missing credentials or permissions (write, read, list, delete), or a
+        read-only folder fail here, in one line. (The lock on a URI needs the listing: `storage_lease`.)"""
         marker, token = f".write-check-{uuid.uuid4().hex[:12]}", uuid.uuid4().hex.encode()
         try:
             self.write_bytes(marker, token)
             if self.read_bytes(marker) != token:
-                raise StorageError(f"{self}: a marker written there read back different: is the root shared "
-                                   "by a store that rewrites objects?")
+                raise StorageError(f"cannot use {self}: a marker written there read back different")
+            if self.list(pattern=marker) != [marker]:
+                raise StorageError(f"cannot use {self}: a marker written there was not listed; the sweep's lock "
+                                   "needs a store that lists what was just written (S3, GCS do)")
             self.delete(marker)
         except StorageError:
             raise

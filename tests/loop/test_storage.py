@@ -173,6 +173,8 @@ def test_folders_go_up_and_come_down_whole(root: Root, tmp_path: Path) -> None:
         assert (here / "checkpoint.pt").read_bytes() == (src / "checkpoint.pt").read_bytes()
         assert here == tmp_path / "store" / "sweep-1/trials/t1/checkpoint_warm" if s.is_local else here.is_dir()
     assert here.exists() == s.is_local  # a copy is removed; a local root's own folder stays
+    with pytest.raises(FileNotFoundError), s.fetched("sweep-1/trials/t2/traces"):
+        pass
 
 
 def test_delete_takes_a_file_or_a_whole_folder_and_nothing_is_fine(root: Root) -> None:
@@ -211,6 +213,8 @@ def test_a_local_root_resolves_as_storage_root_did(tmp_path: Path, monkeypatch: 
     assert Storage(f"file://{tmp_path}/a").root == str(tmp_path / "a") and Storage(f"file://{tmp_path}").is_local
     assert not Storage("s3://bucket/prefix").is_local
     assert Storage("s3://bucket/prefix/").uri("k") == "s3://bucket/prefix/k"
+    with pytest.raises(ValueError, match="no '[?]'"):
+        Storage("s3://bucket/prefix").uri("a?b")
 
 
 def test_a_local_root_that_cannot_be_written_fails_the_check(tmp_path: Path) -> None:
