@@ -15,11 +15,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("sweeps", "trainables")
 MAX_LINE = 120
-# Temporary: other helpers are rewriting these files at the same time; the lead removes this exemption after
-# merging their work, and their docstrings then follow the rule too.
-EXEMPT = {"sweeps/spec/sections.py", "sweeps/search/live_state.py", "sweeps/search/trials.py", "sweeps/service/probe.py",
-          "sweeps/spec/settings.py", "trainables/storage.py", "trainables/storage_lease.py",
-          "trainables/knobs.py", "trainables/contract.py", "trainables/metrics.py", "trainables/launch.py"}
+# Temporary: the storage layer's modules, until they are wired in (their author's branch rewrites them)
+EXEMPT = {"trainables/storage.py", "trainables/storage_lease.py"}
 # a list item: `- x`, `* x`, `1. x`, `1) x`
 _LIST_ITEM = re.compile(r"^\s*([-*]|\d+[.)])\s")
 

@@ -130,8 +130,9 @@ TO_TARGET_METRICS = (TIME_TO_TARGET_S, USD_TO_TARGET)
 
 
 def money_metrics(usd_per_hour: float, metrics: dict[str, Any]) -> dict[str, float]:
-    """The money figures a report carries, from the trial's hourly price and the report's own figures:
-    none without a price, and each only where the figure it is computed from is there."""
+    """The money figures a report carries, from the trial's hourly price and the report's own figures.
+
+    It is empty without a price, and holds each figure only where the one it is computed from is in the report."""
     if not usd_per_hour > 0:
         return {}
     out = {USD_PER_HOUR: usd_per_hour}
@@ -160,8 +161,9 @@ def window_problem(min_window_s: float, max_window_s: float, max_warmup_s: float
 
 
 def items_problem(budget: str, num_items: int, num_warmup_steps: int) -> str:
-    """Why an equal-data budget (`budget`: its name) cannot be planned ("" when it can): its steps follow
-    warm-up's items per step."""
+    """Why an equal-data budget (`budget`: its name) cannot be planned ("" when it can).
+
+    Its steps follow warm-up's items per step."""
     if num_items and num_warmup_steps < 1:
         return f"{budget} plans each trial's steps from its warm-up's items per step: num_warmup_steps must be >= 1"
     return ""
@@ -181,8 +183,9 @@ THROUGHPUT_UNITS: tuple[str, ...] = UNITS
 
 
 def cv_key_of(metric: str) -> str | None:
-    """The sub-window spread the loop reports for a throughput metric (global or per worker: the same
-    spread, one is the other over the world size); None for any other metric."""
+    """The sub-window spread the loop reports for a throughput metric; None for any other metric.
+
+    The metric may be global or per worker: the same spread, one is the other over the world size."""
     unit = next((u for u in THROUGHPUT_UNITS if metric in (throughput_key(u), per_worker_throughput_key(u))), None)
     return throughput_cv_key(unit) if unit is not None else None
 
@@ -196,8 +199,9 @@ _FINAL_ONLY = frozenset(k for m in METRICS if m.final_only for k in m.keys())
 
 
 def is_final_only(key: str) -> bool:
-    """A metric only the final report carries (it needs validation or the whole window); with
-    `report_evals`, loss/val and eval/* are also in the report after each measured evaluation."""
+    """A metric only the final report carries (it needs validation or the whole window).
+
+    With `report_evals`, loss/val and eval/* are also in the report after each measured evaluation."""
     return key in _FINAL_ONLY or key.startswith(EVAL_PREFIX)
 
 
@@ -218,8 +222,10 @@ def is_metric(key: str, value: Any) -> bool:
 
 @dataclass(frozen=True, kw_only=True)
 class TrialConfig(TrialSettings, LoopKnobs):
-    """Everything one trial's workers need: the loop's knobs (`LoopKnobs`) and the settings around them
-    (`TrialSettings`), each declared once in `trainables.knobs`; crosses process boundaries as a plain dict."""
+    """Everything one trial's workers need: the loop's knobs and the settings around them.
+
+    The knobs are `LoopKnobs` and the settings `TrialSettings`, each declared once in `trainables.knobs`; the
+    config crosses process boundaries as a plain dict."""
 
     def __post_init__(self) -> None:
         for name in DECLARED:  # each setting's declared rule; 0 ranks: whatever the launcher started
@@ -233,8 +239,10 @@ class TrialConfig(TrialSettings, LoopKnobs):
             raise ValueError(problem)
 
     def as_probe(self) -> TrialConfig:
-        """This trial as a memory probe runs it: each setting declared with a `probe` value takes it (a probe asks
-        whether a step fits, not how fast); what the loop then does differently, `probe` says."""
+        """This trial as a memory probe runs it.
+
+        Each setting declared with a `probe` value takes it (a probe asks whether a step fits, not how fast);
+        what the loop then does differently, `probe` says."""
         return dataclasses.replace(self, **PROBE_VALUES)
 
     def target_met(self, value: float | None) -> bool:

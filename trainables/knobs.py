@@ -1,6 +1,8 @@
-"""Every trial setting, declared once: its name, type, default, the rule a value must meet, help text and
-`torchrun` flag, as the fields of two dataclasses: the loop's knobs a sweep may search (`LoopKnobs`) and the
-settings around them (`TrialSettings`: the workload, the trial's length and clocks, telemetry, data, seed).
+"""Every trial setting, declared once, as a field of one of two dataclasses.
+
+Each declaration holds the setting's name, type, default, the rule a value must meet, help text and `torchrun`
+flag. The two dataclasses are the loop's knobs a sweep may search (`LoopKnobs`) and the settings around them
+(`TrialSettings`: the workload, the trial's length and clocks, telemetry, data, seed).
 Everything else derives from them: the trial's config (`TrialConfig` is both), the spec's `space` vocabulary
 and its checks, the spec fields that set a setting as it is (`sweeps.spec.settings`), the params each trial
 logs, the flags of `python -m trainables.launch`, what decides memory (`Knob.memory`: the search's bounds and
@@ -130,8 +132,9 @@ def setting(default: Any, help: str, **meta: Any) -> Any:  # noqa: A002 - the fi
 
 @dataclass(frozen=True, kw_only=True)
 class LoopKnobs:
-    """The knobs a sweep may search (`space.<name>`), each a field: its default, and in `Knob` its rule,
-    help and flag."""
+    """The knobs a sweep may search (`space.<name>`), each a field.
+
+    A field holds the knob's default, and in `Knob` its rule, help and flag."""
 
     # the sweep sets it (a spec: space.num_workers, else scaling.num_workers); 0 in a config: whatever the
     # launcher started (torchrun)
@@ -167,10 +170,12 @@ class LoopKnobs:
 
 @dataclass(frozen=True, kw_only=True)
 class TrialSettings:
-    """The settings around the loop's knobs, each a field: its default (the loop's own, as plain `torchrun`
-    runs it), and in `Setting` its rule, help, flag, a sweep's default where that differs, and what a memory
-    probe runs with. A spec field that sets one as it is takes its default, rule and help from here
-    (`sweeps.spec.settings`); the others the sweep works out (`sweeps.search.trials.resolve_trial`)."""
+    """The settings around the loop's knobs, each a field.
+
+    A field holds the setting's default (the loop's own, as plain `torchrun` runs it), and in `Setting` its
+    rule, help, flag, a sweep's default where that differs, and what a memory probe runs with. A spec field that
+    sets one as it is takes its default, rule and help from here (`sweeps.spec.settings`); the others the sweep
+    works out (`sweeps.search.trials.resolve_trial`)."""
 
     workload: str = setting(REQUIRED, "a registered workload (`image-cnn`, `gpt-lm`, `mlp-tabular`) or "
                             "`package.module:function` returning a `trainables.Workload`", torchrun="image-cnn")

@@ -44,9 +44,11 @@ class DirCheckpointReporter(JsonlReporter):
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
-    """A flag per setting of the trial's config, from its one declaration (`trainables.knobs`): `--batch-size 32`;
-    a switch that is off by default `--pin-memory`, one that is on `--no-persistent-workers`; a mapping as JSON.
-    Those declared `flag=False` the launcher sets itself, or a flag of its own does (`--target`)."""
+    """Add a flag per setting of the trial's config to `p`, from its one declaration (`trainables.knobs`).
+
+    A value takes a flag such as `--batch-size 32`; a switch that is off by default `--pin-memory`, one that is
+    on `--no-persistent-workers`; a mapping as JSON. Those declared `flag=False` the launcher sets itself, or a
+    flag of its own does (`--target`)."""
     for name, (kind, default, declared) in DECLARED.items():
         if not declared.flag:
             continue

@@ -1,13 +1,15 @@
-"""Every metric a trial or a sweep logs, declared once: its key, unit, how it is measured, when it is
-absent, which report carries it, how ranks combine it and whether a spec may name it. The contract's
-vocabulary (`KNOWN_METRICS`, `is_final_only`, `SWEEP_LEVEL_METRICS`), the telemetry's rank combination
-and the documentation's metrics page (`python -m sweeps.ops.docs`) are read from this table.
+"""Every metric a trial or a sweep logs, declared once in one table (`METRICS`).
+
+Each declaration holds the metric's key, unit, how it is measured, when it is absent, which report carries it,
+how ranks combine it and whether a spec may name it. The contract's vocabulary (`KNOWN_METRICS`,
+`is_final_only`, `SWEEP_LEVEL_METRICS`), the telemetry's rank combination and the documentation's metrics page
+(`python -m sweeps.ops.docs`) are read from this table.
 
 This is the only place a metric key is written: each is declared as a module-level name (`LOSS_TRAIN`)
 that every user imports (through `trainables.contract`, which re-exports them); a key holding `<unit>`
 stands for one key per counting unit (`samples`, `tokens`), `<precision>` for `bf16` and `fp16`, and is
 spelled by its function (`throughput_key(unit)`). The key families code tests a prefix against
-(`EVAL_PREFIX`, ...) are declared here too. tests/test_metric_keys.py fails on a key written anywhere
+(`EVAL_PREFIX`, ...) are declared here too. tests/loop/test_metrics.py fails on a key written anywhere
 else in `sweeps/` or `trainables/`. Torch-free.
 """
 

@@ -24,10 +24,11 @@ from trainables.knobs import KNOBS, MEMORY_KNOBS
 
 
 def oom_key(knobs: dict[str, Any]) -> tuple[Any, ...]:
-    """What, besides the batch size, decides whether a trial fits in memory: the knobs declared `memory`
-    (`trainables.knobs.MEMORY_KNOBS`: the precision, compile, the number of ranks, the accelerator type), each
-    in its declared type (one that `knobs` leaves out at its default), then the trainable's own params in the
-    space (a wider model runs out of memory at a smaller batch)."""
+    """Return what, besides the batch size, decides whether a trial with `knobs` fits in memory.
+
+    That is the knobs declared `memory` (`trainables.knobs.MEMORY_KNOBS`: the precision, compile, the number of
+    ranks, the accelerator type), each in its declared type (one that `knobs` leaves out at its default), then
+    the trainable's own params in the space (a wider model runs out of memory at a smaller batch)."""
     own = tuple(sorted((k, str(v)) for k, v in knobs.items() if k.startswith(PARAMS_PREFIX)))
     held = []
     for name in MEMORY_KNOBS:
@@ -38,8 +39,10 @@ def oom_key(knobs: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def oom_label(knobs: dict[str, Any]) -> str:
-    """The memory settings of `knobs` (its `oom_key`) as a message names them: the knobs every space holds, the
-    trainable's own params, then the others where they are set (not at their default)."""
+    """Name the memory settings of `knobs` (its `oom_key`) as a message does.
+
+    The knobs every space holds come first, then the trainable's own params, then the others where they are set
+    (not at their default)."""
     *held, own = oom_key(knobs)
     values = dict(zip(MEMORY_KNOBS, held, strict=True))
     always = [f"{k}={v}" for k, v in values.items() if KNOBS[k][2].implicit]
@@ -69,9 +72,10 @@ class SearchState:
         self.oom_bounds[key] = min(self.oom_bounds.get(key, int(knobs["batch_size"])), int(knobs["batch_size"]))
 
     def record_probe(self, knobs: dict[str, Any], oom_batch: int | None, measured: bool = True) -> None:
-        """What the memory probe learnt about the memory settings of `knobs`: `oom_batch`, the smallest
-        batch it saw run out of memory (None: every batch it tried fit); `measured`, whether it found their
-        frontier (False when another failure stopped it, so they count as not measured)."""
+        """Record what the memory probe learnt about the memory settings of `knobs`.
+
+        `oom_batch` is the smallest batch it saw run out of memory (None: every batch it tried fit); `measured`,
+        whether it found their frontier (False when another failure stopped it, so they count as not measured)."""
         key = oom_key(knobs)
         if measured:
             self.probed.add(key)
@@ -88,16 +92,18 @@ class SearchState:
         return min(own, default=None), unmeasured
 
     def oom_excluded(self, knobs: dict[str, Any]) -> int | None:
-        """The batch size that bounds `knobs` if its batch is at or above it: what already ran out of memory
-        with the same settings (`oom_key`), or, for settings the memory probe did not measure, the smallest
-        batch the probe saw run out of memory with any settings."""
+        """Return the batch size that bounds `knobs` if its batch is at or above it, else None.
+
+        The bound is what already ran out of memory with the same settings (`oom_key`), or, for settings the
+        memory probe did not measure, the smallest batch the probe saw run out of memory with any settings."""
         bound = min((b for b in self._bounds(knobs) if b is not None), default=None)
         return bound if bound is not None and int(knobs["batch_size"]) >= bound else None
 
     def grid_skips(self, fixed: dict[str, Any]) -> list[dict[str, Any]]:
-        """The knobs (`fixed` and the point) of each grid point that will never run: those the searcher
-        skipped, and those still to hand out that what ran out of memory since rules out. Empty outside grid
-        mode."""
+        """Return the knobs (`fixed` and the point) of each grid point that will never run.
+
+        Those are the points the searcher skipped, and those still to hand out that what ran out of memory since
+        rules out. Empty outside grid mode."""
         left = ({**fixed, **p} for p in self.grid_left)
         return [{**fixed, **p} for p in self.grid_skipped] + [k for k in left if self.oom_excluded(k) is not None]
 

@@ -1,7 +1,8 @@
-"""From the spec and a sampled configuration to what one trial runs: its length on the clock, its worker
-count, what it holds on the cluster, and its complete config (`resolve_trial`) and logged params
-(`trial_params`). No compute here: the same `resolve_trial` feeds the Train workers and the MLflow params,
-so what is logged is exactly what ran."""
+"""Work out what one trial runs from the spec and a sampled configuration.
+
+That is its length on the clock, its worker count, what it holds on the cluster, and its complete config
+(`resolve_trial`) and logged params (`trial_params`). No compute here: the same `resolve_trial` feeds the Train
+workers and the MLflow params, so what is logged is exactly what ran."""
 
 from __future__ import annotations
 
@@ -18,21 +19,23 @@ from trainables.knobs import CPU_TIME_BOX_S, GPU_MIN_WINDOW_S, GPU_TIME_BOX_S, K
 
 
 def window_floor(b: BudgetSpec, use_gpu: bool, steps_fixed: bool = False) -> float:
-    """The measured window's least length: as given, else `GPU_MIN_WINDOW_S` on GPU and 0 on CPU (why:
-    `trainables.knobs`). An equal-data budget rules, and so does ASHA on steps (`steps_fixed`: it compares and
-    ends trials at num_steps)."""
+    """The measured window's least length, in seconds.
+
+    As given, else `GPU_MIN_WINDOW_S` on GPU and 0 on CPU (why: `trainables.knobs`). An equal-data budget rules,
+    and so does ASHA on steps (`steps_fixed`: it compares and ends trials at num_steps)."""
     if b.num_items or steps_fixed:
         return 0.0
     return b.min_window_s if b.min_window_s is not None else (GPU_MIN_WINDOW_S if use_gpu else 0.0)
 
 
 def time_box(b: BudgetSpec, use_gpu: bool, steps_fixed: bool = False, constrained: bool = False) -> tuple[float, float]:
-    """(max_window_s, max_warmup_s), 0 where off: as given, else `GPU_TIME_BOX_S` or `CPU_TIME_BOX_S`, so with a
-    speed objective every trial costs about the same seconds whatever its step time. Off with an
-    equal-data budget and ASHA on steps (they set the length); a quality objective or constraint
-    (`constrained`) leaves them off unless given (its metric wants equal steps), and so does a warm-up too
-    short to time a step (the window's steps are planned from it). The window never ends below the least
-    window (`window_floor`)."""
+    """The time boxes of a trial's window and warm-up: (max_window_s, max_warmup_s), 0 where off.
+
+    As given, else `GPU_TIME_BOX_S` or `CPU_TIME_BOX_S`, so with a speed objective every trial costs about the
+    same seconds whatever its step time. Off with an equal-data budget and ASHA on steps (they set the length);
+    a quality objective or constraint (`constrained`) leaves them off unless given (its metric wants equal
+    steps), and so does a warm-up too short to time a step (the window's steps are planned from it). The window
+    never ends below the least window (`window_floor`)."""
     if b.num_items or steps_fixed:
         return 0.0, 0.0
     window, warmup = GPU_TIME_BOX_S if use_gpu else CPU_TIME_BOX_S
@@ -45,9 +48,10 @@ def time_box(b: BudgetSpec, use_gpu: bool, steps_fixed: bool = False, constraine
 
 
 def trial_clock(spec: SweepSpec) -> tuple[float, float, float]:
-    """What the clock may do to every trial's length: (min_window_s, max_window_s, max_warmup_s), 0 where
-    off. A target sets the length itself; ASHA on steps compares and ends trials at num_steps; a quality
-    objective or constraint leaves the boxes off unless given (`window_floor`, `time_box`)."""
+    """What the clock may do to every trial's length: (min_window_s, max_window_s, max_warmup_s).
+
+    Each is 0 where off. A target sets the length itself; ASHA on steps compares and ends trials at num_steps;
+    a quality objective or constraint leaves the boxes off unless given (`window_floor`, `time_box`)."""
     if spec.objective.target is not None:
         return 0.0, 0.0, 0.0
     es, use_gpu = spec.search.early_stopping, spec.scaling.use_gpu
@@ -62,8 +66,9 @@ def max_loader_workers(spec: SweepSpec) -> int:
 
 
 def worker_counts(spec: SweepSpec) -> list[int]:
-    """Every number of ranks a trial of the space can run on, ascending (`space.num_workers`, else
-    `scaling.num_workers` alone)."""
+    """Every number of ranks a trial of the space can run on, ascending.
+
+    They come from `space.num_workers`, else `scaling.num_workers` alone."""
     p = spec.space.num_workers
     if p is None:
         return [spec.scaling.num_workers]
@@ -73,23 +78,27 @@ def worker_counts(spec: SweepSpec) -> list[int]:
 
 
 def first_workers(spec: SweepSpec) -> int:
-    """The ranks a warm group starts with before it has a trial: the first choice (the grid's first), or the
-    low end of a range."""
+    """The number of ranks a warm group starts with before it has a trial.
+
+    That is the first choice of `space.num_workers` (the grid's first), or the low end of a range."""
     p = spec.space.num_workers
     return spec.scaling.num_workers if p is None else int(param_values(p)[0])
 
 
 def first_shape(spec: SweepSpec) -> tuple[int, str]:
-    """The shape a warm group starts with before it has a trial: the first worker count and the first
-    accelerator type ("": not pinned) of the space."""
+    """The shape a warm group starts with before it has a trial: (worker count, accelerator type).
+
+    That is the first worker count and the first accelerator type ("": not pinned) of the space."""
     from sweeps.spec.cost import accelerator_types
 
     return first_workers(spec), accelerator_types(spec)[0]
 
 
 def fixed_knobs(spec: SweepSpec) -> dict[str, Scalar]:
-    """The space's fixed knobs, with the worker count (and the accelerator type a scaling section pins)
-    where the space does not search it."""
+    """The space's fixed knobs, with those the scaling section sets where the space does not search them.
+
+    Those are the worker count (and the accelerator type a scaling section pins), each where the space does not
+    search it."""
     fixed = spec.space.fixed()
     if spec.space.accelerator_type is None and spec.scaling.accelerator_type is not None:
         fixed = {"accelerator_type": spec.scaling.accelerator_type, **fixed}
@@ -102,9 +111,11 @@ def largest_trial_need(spec: SweepSpec) -> dict[str, float]:
 
 
 def resolve_trial(spec: SweepSpec, sampled: dict[str, Any], metrics_path: str | None = None) -> TrialConfig:
-    """The complete configuration one trial runs with: the knobs' declared defaults, the space's fixed
-    values, then what was sampled; the settings the spec sets as they are (`sweeps.spec.settings`), and those
-    worked out from the budget, objective and cost around them."""
+    """The complete configuration one trial runs with.
+
+    It holds the knobs' declared defaults, the space's fixed values, then what was sampled; the settings the
+    spec sets as they are (`sweeps.spec.settings`), and those worked out from the budget, objective and cost
+    around them."""
     values = {k: default for k, (_, default, _) in KNOBS.items()} | fixed_knobs(spec) | sampled
     own = {k[len(PARAMS_PREFIX):]: v for k, v in values.items() if k.startswith(PARAMS_PREFIX)}
     knobs = {k: kind(values[k]) for k, (kind, _, _) in KNOBS.items()}  # each in its declared type
@@ -139,8 +150,9 @@ def resolve_trial(spec: SweepSpec, sampled: dict[str, Any], metrics_path: str | 
 
 
 def trial_params(spec: SweepSpec, cfg: TrialConfig) -> dict[str, Any]:
-    """Flat, UI-friendly params for a trial's MLflow run (compare view, parallel coordinates): every loop
-    knob as it ran, and what follows from them."""
+    """Flat, UI-friendly params for a trial's MLflow run (compare view, parallel coordinates).
+
+    They are every loop knob as it ran, and what follows from them."""
     global_batch = cfg.batch_size * cfg.grad_accum_steps * cfg.num_workers
     knobs: dict[str, Any] = {k: getattr(cfg, k) for k in KNOBS}
     searched_lr = cfg.lr if spec.lr_scaling is None else cfg.lr / spec.lr_scaling.factor(global_batch)

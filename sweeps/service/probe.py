@@ -1,18 +1,19 @@
-"""The memory frontier, probed before the search: the largest batch size that fits, for every
-combination of the settings that decide memory.
+"""Probe the memory frontier before the search: the largest batch size that fits, per memory setting.
 
-Those settings are `live_state.oom_key`'s: the knobs declared `memory` (`trainables.knobs.MEMORY_KNOBS`)
-and the trainable's own params in the space. The probe measures each combination the space can produce
-(every choice of a categorical or fixed one; the first value of a range, which has too many; every
-accelerator type and worker count, each on a warm group of that shape: per-rank memory changes little with
-the ranks, but that is measured, not assumed), every other searched knob at its first value: the others do
-not decide a step's memory on the device (grad_accum_steps: a micro-batch's activations are the same whether
-its gradients accumulate; the loader knobs: host memory; lr, clipping: a probe always clips).
+The frontier is measured for every combination of the settings that decide memory. Those settings are
+`live_state.oom_key`'s: the knobs declared `memory` (`trainables.knobs.MEMORY_KNOBS`) and the trainable's own
+params in the space. The probe measures each combination the space can produce (every choice of a categorical
+or fixed one; the first value of a range, which has too many; every accelerator type and worker count, each on
+a warm group of that shape: per-rank memory changes little with the ranks, but that is measured, not assumed),
+every other searched knob at its first value: the others do not decide a step's memory on the device
+(grad_accum_steps: a micro-batch's activations are the same whether its gradients accumulate; the loader
+knobs: host memory; lr, clipping: a probe always clips).
 
 Per combination, a binary search over the space's batch sizes, each candidate a few steps on the
 real (warm) workers, as `TrialConfig.as_probe` sets them (each setting declared with a `probe` value):
 every rank learns each step whether any rank ran out of memory and all raise together, so no rank waits
-forever for one that gave up, and the group stays warm. Candidates tried per combination: at most ceil(log2(n + 1)) for n batch sizes.
+forever for one that gave up, and the group stays warm. Candidates tried per combination: at most
+ceil(log2(n + 1)) for n batch sizes.
 
 What it learns bounds the search (`search.record_probe`, `search.oom_excluded`): a batch that did
 not fit, and every larger one, is never run with that combination (such proposals are told to
@@ -78,9 +79,10 @@ def _try(queue: Any, spec: SweepSpec, knobs: dict[str, Any]) -> tuple[str, str]:
 
 
 def memory_settings(spec: SweepSpec) -> list[dict[str, Any]]:
-    """Every combination of the memory settings (`live_state.oom_key`) the probe measures: every choice of a
-    categorical, the value of a fixed one, a range's first value (a knob the space does not hold: its
-    default)."""
+    """Every combination of the memory settings (`live_state.oom_key`) the probe measures.
+
+    That is every choice of a categorical, the value of a fixed one, a range's first value (a knob the space
+    does not hold: its default), on every accelerator type and worker count of the space."""
     space = spec.space
     held = {k: space.param(k) for k in MEMORY_KNOBS if k not in GROUP_KEYS}
     knobs: dict[str, Param] = {k: p if p is not None else FixedParam(type="fixed", value=KNOBS[k][1])
@@ -132,9 +134,10 @@ def _names(setting: dict[str, Any], searched: set[str]) -> tuple[str, str]:
 
 
 def probe_frontier(spec: SweepSpec, queue: Any, state: SearchState, echo: Callable[[str], None]) -> dict[str, str]:
-    """Probe every combination of memory settings (`memory_settings`) and tell the search what it
-    learnt; returns the parent run's tags (`sweep.probe.<precision>[.compile][.params.<name>.<value>]`).
-    It runs in the sweep's warm groups, which are priced whole (`sweeps.results.money.groups_usd`)."""
+    """Probe every combination of memory settings (`memory_settings`) and tell the search what it learnt.
+
+    Returns the parent run's tags (`sweep.probe.<precision>[.compile][.params.<name>.<value>]`). It runs in
+    the sweep's warm groups, which are priced whole (`sweeps.results.money.groups_usd`)."""
     space = spec.space
     searched = space.searched()
     others = {k: _first(p) for k, p in searched.items()  # each other searched knob at its first value

@@ -1,5 +1,7 @@
-"""The spec's other sections, one small model each, every field with its doc: the trainable, the search,
-the budget, lr scaling, the quality guardrail, scaling, telemetry and tracking."""
+"""The spec's other sections, one small model each, every field with its doc.
+
+They are the trainable, the search, the budget, lr scaling, the quality guardrail, scaling, telemetry and
+tracking."""
 
 from __future__ import annotations
 
@@ -40,8 +42,9 @@ class TrainableSpec(BaseModel):
 
 
 class EarlyStoppingSpec(BaseModel):
-    """ASHA: at rungs grace * reduction_factor**k, keep the best 1/reduction_factor of trials. The
-    grace is in measured steps, or, for a time-to-target objective, in seconds of training."""
+    """ASHA: at rungs grace * reduction_factor**k, keep the best 1/reduction_factor of trials.
+
+    The grace is in measured steps, or, for a time-to-target objective, in seconds of training."""
 
     model_config = STRICT
     grace_steps: int | None = Field(default=None, ge=1, description="measured steps every trial runs before it "
@@ -160,7 +163,9 @@ class BudgetSpec(BaseModel):
 
 
 class LrScalingSpec(BaseModel):
-    """The searched lr is the rate at `reference_batch_size` (global); each trial runs it scaled to its own
+    """Scale the searched lr to each trial's global batch.
+
+    The searched lr is the rate at `reference_batch_size` (global); each trial runs it scaled to its own
     global batch: linear (Goyal et al. 2017, SGD) or sqrt (Adam-family)."""
 
     model_config = STRICT
@@ -175,8 +180,10 @@ class LrScalingSpec(BaseModel):
 
 
 class QualitySpec(BaseModel):
-    """The convergence guardrail: at equal data, a trial whose loss/val is worse than the sweep's fp32
-    reference by more than `tolerance` (relative) is degraded: shown, never ranked best."""
+    """The convergence guardrail: a trial that converges worse than the fp32 reference is never ranked best.
+
+    At equal data, a trial whose loss/val is worse than the sweep's fp32 reference by more than `tolerance`
+    (relative) is degraded: shown, never ranked best."""
 
     model_config = STRICT
     tolerance: float = Field(default=0.05, ge=0, description="relative gap to the fp32 reference's loss/val "
@@ -207,8 +214,9 @@ class ScalingSpec(BaseModel):
         return self.cpus_per_worker + loader_workers * self.cpus_per_loader_worker
 
     def per_trial(self, loader_workers: int = 0, num_workers: int | None = None) -> dict[str, float]:
-        """What one trial of `num_workers` ranks (default: this section's) holds at once: all its
-        workers start together."""
+        """What one trial of `num_workers` ranks (default: this section's) holds at once.
+
+        All its workers start together, so this is the whole trial's reservation."""
         n = self.num_workers if num_workers is None else num_workers
         return {"CPU": n * self.cpus_per_rank(loader_workers), "GPU": n * self.gpus_per_worker}
 

@@ -1,7 +1,8 @@
-"""The spec fields that set a trial setting as it is (`budget.num_warmup_steps`, `telemetry.trace_steps`,
-`seed`, ...): each takes its default (a sweep's), rule and help from the setting's one declaration,
-`trainables.knobs.TrialSettings`, and names the setting, so that `trial_settings` reads them all into the
-trial's config without a second list of them."""
+"""The spec fields that set a trial setting as it is, each made from the setting's one declaration.
+
+Those fields (`budget.num_warmup_steps`, `telemetry.trace_steps`, `seed`, ...) each take their default (a
+sweep's), rule and help from the setting's one declaration, `trainables.knobs.TrialSettings`, and name the
+setting, so that `trial_settings` reads them all into the trial's config without a second list of them."""
 
 from __future__ import annotations
 
