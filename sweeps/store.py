@@ -70,9 +70,10 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
         requests.get(uri.rstrip("/") + "/health", timeout=timeout_s).raise_for_status()
     except requests.RequestException as exc:
         raise TrackingUnavailable(
-            f"MLflow tracking server {uri} is not reachable ({type(exc).__name__}); nothing was run. Start it "
-            "(e.g. `mlflow server --host 127.0.0.1 --port 5000`), fix tracking.uri in the spec, or unset it to "
-            "use the local sqlite:///mlflow.db"
+            f"MLflow tracking server {shown_uri(uri)} is not reachable ({type(exc).__name__}); nothing was run. Start it "
+            "(e.g. `mlflow server --host 127.0.0.1 --port 5000`; a server whose log says \"out-of-date database "
+            "schema\" starts after `mlflow db upgrade <its --backend-store-uri>`), fix tracking.uri in the spec, or "
+            "unset it to use the local sqlite:///mlflow.db"
         ) from None
 
 
@@ -180,8 +181,9 @@ def store_problem(uri: str, exc: BaseException, doing: str = "") -> str | None:
     failed = re.search(r"too many (5\d\d) error responses", str(exc))  # urllib3's words, after MLflow's retries
     if failed:
         return (f"the MLflow tracking server {shown_uri(uri)} answers its health check but failed the call (HTTP "
-                f"{failed.group(1)}, retried); nothing was run ({_login_vars()}): its log says why (its database "
-                "unreachable; a token sent to a basic-auth server that caches logins)")
+                f"{failed.group(1)}, retried); nothing was run ({_login_vars()}): the server's log says why (e.g. its "
+                "database is down; a basic-auth server that caches logins fails a token this way: use "
+                "MLFLOW_TRACKING_USERNAME/PASSWORD)")
     if "out-of-date database schema" in str(exc):
         shown = shown_uri(uri)
         return (f"the MLflow store {shown} was made by an older MLflow and needs its schema upgraded: take a "

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,8 @@ from typing import Any
 import psutil
 
 VENV_BIN = Path(sys.executable).parent
-DB_NAME, DB_USER = "mlflow", "mlflow"
+DB_USER = "mlflow"
+DATABASES = ("mlflow", "mlflow_auth")  # the tracking tables; the basic-auth app's users and permissions
 BUCKET = "team-mlflow"
 # moto accepts any key; the server's boto3 needs some. Only the server's environment holds them.
 S3_KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
@@ -61,7 +62,10 @@ def missing() -> str | None:
             return f"PostgreSQL's {tool} is not on PATH (the team-MLflow tests need PostgreSQL 15)"
     if os.geteuid() == 0 and shutil.which("runuser") is None:
         return "running as root without runuser: PostgreSQL cannot run as root"
-    for module in ("psycopg2", "moto", "boto3", "flask_wtf"):
+    from sqlalchemy.dialects import postgresql
+
+    # the server's driver for postgresql:// (SQLAlchemy 2.1: psycopg; 2.0: psycopg2), the test's own queries' driver
+    for module in (postgresql.dialect.driver, "psycopg2", "moto", "boto3", "flask_wtf"):
         try:
             __import__(module)
         except ImportError:
@@ -75,19 +79,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait_for(what: str, ready: callable, proc: subprocess.Popen | None, log: Path, timeout_s: float) -> None:  # type: ignore[valid-type]
+def _wait_for(what: str, ready: Callable[[], bool], proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if ready():
             return
-        if proc is not None and proc.poll() is not None:
+        if proc.poll() is not None:
             break
         time.sleep(0.2)
     tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
     raise RuntimeError(f"{what} did not start within {timeout_s:.0f} s; its log ends:\n{tail}")
 
 
-def _stop(proc: subprocess.Popen, timeout_s: float = 15) -> None:  # type: ignore[type-arg]
+def _stop(proc: subprocess.Popen[bytes], timeout_s: float = 15) -> None:
     """SIGTERM to `proc` and every process below it (listed before, by pid), SIGKILL to what outlives the wait."""
     if proc.poll() is not None:
         return
@@ -121,7 +125,8 @@ def _as_postgres(root: Path) -> list[str]:
 
 @contextlib.contextmanager
 def postgres(root: Path) -> Iterator[str]:
-    """A PostgreSQL server on 127.0.0.1 with a database and a user of its own; yields its postgresql:// URI."""
+    """A PostgreSQL server on 127.0.0.1 with a user who owns the `DATABASES`; yields `postgresql://user:pw@host:port`
+    (a database's name goes after it)."""
     import psycopg2
 
     root.mkdir(mode=0o700)
@@ -142,8 +147,9 @@ def postgres(root: Path) -> Iterator[str]:
             con.autocommit = True
             with con.cursor() as cur:
                 cur.execute(f"CREATE USER {DB_USER} PASSWORD %s", (user_pw,))
-                cur.execute(f"CREATE DATABASE {DB_NAME} OWNER {DB_USER}")
-        yield f"postgresql://{DB_USER}:{user_pw}@127.0.0.1:{port}/{DB_NAME}"
+                for name in DATABASES:
+                    cur.execute(f"CREATE DATABASE {name} OWNER {DB_USER}")
+        yield f"postgresql://{DB_USER}:{user_pw}@127.0.0.1:{port}"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGINT)  # the postmaster's "fast" shutdown
@@ -180,12 +186,13 @@ def _answers(url: str, auth: tuple[str, str] | None = None) -> bool:
         return False
 
 
-def server_env(root: Path, s3_endpoint: str, password: str) -> dict[str, str]:
+def server_env(root: Path, s3_endpoint: str, auth_database_uri: str, password: str) -> dict[str, str]:
     """The tracking server's environment: its object-store endpoint and keys, the basic-auth app's secrets
-    and its user database (beside the tracking tables would do as well: here a file in `root`)."""
+    and its config file, whose user database is on PostgreSQL too (its default is a sqlite file in the
+    server's working folder: lost with a pod, one per replica)."""
     ini = root / "basic_auth.ini"
     ini.write_text("[mlflow]\ndefault_permission = READ\n"
-                   f"database_uri = sqlite:///{root / 'basic_auth.db'}\nadmin_username = admin\n"
+                   f"database_uri = {auth_database_uri}\nadmin_username = admin\n"
                    "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
                    # each request checks its password (PBKDF2, ~1 s a call on this loaded machine) unless cached
                    "auth_cache_ttl_seconds = 300\n")
@@ -196,10 +203,9 @@ def server_env(root: Path, s3_endpoint: str, password: str) -> dict[str, str]:
 
 @contextlib.contextmanager
 def mlflow_server(root: Path, database_uri: str, artifacts: str, env: dict[str, str]) -> Iterator[str]:
-    """`mlflow db upgrade`, then one `mlflow server` with basic auth over `database_uri`, its artifacts proxied
+    """One `mlflow server` with basic auth over `database_uri` (upgraded: `db_upgrade`), its artifacts proxied
     to `artifacts`; yields its http:// URI once it answers."""
     mlflow = [sys.executable, "-m", "mlflow"]
-    _run([*mlflow, "db", "upgrade", database_uri], env=env, cwd=root)
     port = free_port()
     log = root / "mlflow-server.log"
     with open(log, "wb") as out:
@@ -210,6 +216,25 @@ def mlflow_server(root: Path, database_uri: str, artifacts: str, env: dict[str, 
     try:
         _wait_for("mlflow server", lambda: _answers(f"{uri}/health"), proc, log, 120)
         yield uri
+    finally:
+        _stop(proc)
+
+
+@contextlib.contextmanager
+def db_upgrade(root: Path, database_uri: str) -> Iterator[Callable[[], None]]:
+    """`mlflow db upgrade database_uri`, as the how-to runs it before a server starts, in the background; yields
+    a function that waits for it (and raises, with its log, if it failed)."""
+    log = root / "db-upgrade.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "mlflow", "db", "upgrade", database_uri], stdout=out,
+                                stderr=subprocess.STDOUT, cwd=root, env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"})
+
+    def finished() -> None:
+        if proc.wait(timeout=300) != 0:
+            raise RuntimeError(f"mlflow db upgrade failed; its log ends:\n{log.read_text(errors='replace')[-3000:]}")
+
+    try:
+        yield finished
     finally:
         _stop(proc)
 
@@ -230,8 +255,11 @@ def team_mlflow() -> Iterator[TeamMlflow]:
     root.chmod(0o711)  # the postgres user passes through to its own folder
     password = secrets.token_urlsafe(16)  # the admin's: at least 12 characters
     try:
-        with postgres(root / "pg") as database_uri, s3_server(root, BUCKET) as endpoint:
-            env = server_env(root, endpoint, password)
+        with postgres(root / "pg") as server, db_upgrade(root, f"{server}/{DATABASES[0]}") as upgraded, \
+                s3_server(root, BUCKET) as endpoint:  # the S3 server starts while the tables are made
+            database_uri = f"{server}/{DATABASES[0]}"
+            upgraded()
+            env = server_env(root, endpoint, f"{server}/{DATABASES[1]}", password)
             with mlflow_server(root, database_uri, f"s3://{BUCKET}/artifacts", env) as uri:
                 user, user_password = "alice", secrets.token_urlsafe(16)
                 add_user(uri, ("admin", password), user, user_password)
