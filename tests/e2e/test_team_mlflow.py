@@ -20,6 +20,10 @@ from sweeps.cli import main
 from sweeps.exits import ExitCode, StoreUnusable
 from tests.helpers.team_mlflow import TeamMlflow, missing, team_mlflow
 
+# One lane for the whole file under `make test` (-n 2 --dist loadgroup): its server starts once, in the process whose
+# session Ray cluster the sweep below uses (tests/conftest.py puts that test in this group).
+pytestmark = pytest.mark.xdist_group("ray_cluster")
+
 CLIENT_VARS = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
 SPEC = """\
 name: {name}
