@@ -29,9 +29,12 @@ EXIT_CODES: dict[ExitCode, str] = {
                                 "`wait-head`: the head did not accept a job in time.",
     ExitCode.BAD_INPUT: "Bad input, nothing run: a spec that does not validate, a name that clashes with another "
                         "sweep, a sweep that is already running (its lock is held), an unknown sweep name.",
-    ExitCode.STORE_UNUSABLE: "The MLflow store cannot be used: a server that does not answer, a sqlite file that is "
-                             "not a database, is corrupt, half-created or read-only, a folder that cannot be "
-                             "written, an unsupported `file://` store, no store where a read was asked.",
+    ExitCode.STORE_UNUSABLE: "The MLflow store cannot be used: a server that does not answer or refuses the login "
+                             "(the line says which of `MLFLOW_TRACKING_USERNAME`/`PASSWORD`/`TOKEN` are set), a "
+                             "sqlite file that is not a database, is corrupt, half-created or read-only, a folder that "
+                             "cannot be written, an unsupported `file://` store, a database such as `postgresql://` "
+                             "without a server in front of it, a missing database driver, a schema that needs "
+                             "`mlflow db upgrade`, no store where a read was asked.",
     ExitCode.RESUMABLE: "The sweep stopped before its end and can be resumed (`sweeps resume NAME`): Ctrl+C, "
                         "SIGTERM (`timeout`, systemd, SLURM, Kubernetes), a full disk, a wait for resources longer than "
                         "`budget.max_queue_s`.",

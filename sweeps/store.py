@@ -6,7 +6,12 @@ fails ("table latest_metrics already exists") and the file can be left half-crea
 afterwards. A read-only folder fails only after MLflow's engine retries (~105 s), a garbage file
 deep in a traceback. So every command opens its store here:
 
-- a server (`http(s)://`) must answer its health check within seconds;
+- a server (`http(s)://`) must answer its health check within seconds, and then its first call that
+  needs a login (the health check needs none): a refused login names MLflow's credential variables;
+- a database without a server (`postgresql://`, `mysql://`, `mssql://`) is refused for writing: the
+  artifacts of an experiment created there would go to `./mlruns` of whichever process created it
+  (`database_uri_problem`); a reading command may open it, and a missing driver package or a schema
+  that needs `mlflow db upgrade` is said in one line;
 - a `file://` store (or a bare path, which MLflow reads as one) is refused unless
   `MLFLOW_ALLOW_FILE_STORE=true`: MLflow 3 keeps it in maintenance mode;
 - a sqlite file is checked before MLflow sees it (its folder writable, its header SQLite's, its pages
@@ -24,6 +29,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import re
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +42,12 @@ logger = logging.getLogger(__name__)
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 DEFAULT_URI = "sqlite:///mlflow.db"
+# MLflow's database engines other than sqlite (mlflow.store.db.db_types.DATABASE_ENGINES, checked by a test),
+# and the package each driver module of theirs comes from.
+DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")
+LOGIN_VARS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")  # MLflow's own
+_DRIVER_PACKAGES = {"psycopg": "psycopg[binary]", "psycopg2": "psycopg2-binary", "pymysql": "PyMySQL",
+                    "MySQLdb": "mysqlclient", "pymssql": "pymssql", "pyodbc": "pyodbc"}
 
 
 class TrackingUnavailable(StoreUnusable):
@@ -58,9 +70,10 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
         requests.get(uri.rstrip("/") + "/health", timeout=timeout_s).raise_for_status()
     except requests.RequestException as exc:
         raise TrackingUnavailable(
-            f"MLflow tracking server {uri} is not reachable ({type(exc).__name__}); nothing was run. Start it "
-            "(e.g. `mlflow server --host 127.0.0.1 --port 5000`), fix tracking.uri in the spec, or unset it to "
-            "use the local sqlite:///mlflow.db"
+            f"MLflow tracking server {shown_uri(uri)} is not reachable ({type(exc).__name__}); nothing was run. Start it "
+            "(e.g. `mlflow server --host 127.0.0.1 --port 5000`; a server whose log says \"out-of-date database "
+            "schema\" starts after `mlflow db upgrade <its --backend-store-uri>`), fix tracking.uri in the spec, or "
+            "unset it to use the local sqlite:///mlflow.db"
         ) from None
 
 
@@ -102,6 +115,21 @@ def file_store_problem(uri: str) -> str | None:
             "store (e.g. sqlite:///mlflow.db) or a server, or set MLFLOW_ALLOW_FILE_STORE=true to use it anyway")
 
 
+def database_uri_problem(uri: str) -> str | None:
+    """Why a sweep does not write to `uri`: a database other than sqlite, without an MLflow server in front.
+
+    MLflow would put the artifacts of an experiment it creates there (a sweep's report, figures, traces) in
+    `./mlruns` of that process -- a temporary folder under `ray job submit`, a folder nobody else sees -- and
+    every client would need the database's password. None for any other store."""
+    if urlparse(uri).scheme.split("+", 1)[0] not in DATABASE_SCHEMES:
+        return None
+    return (f"{shown_uri(uri)} is a database without an MLflow server: the artifacts of an experiment created there "
+            "(the report, figures, traces) would go to ./mlruns of the process that creates it (a temporary folder "
+            "under `ray job submit`). Serve it: `mlflow db upgrade <this URI>`, then `mlflow server --backend-store-uri "
+            "<this URI> --artifacts-destination s3://BUCKET/PATH`; set tracking.uri (or MLFLOW_TRACKING_URI) to the "
+            "server's http:// address (docs/howto/team-mlflow.md)")
+
+
 def open_store(uri: str, create: bool = True) -> Any:
     """Return an `MlflowClient` of the store at `uri`, opened and usable (see the module doc).
 
@@ -112,25 +140,95 @@ def open_store(uri: str, create: bool = True) -> Any:
     for key, value in _HTTP_DEFAULTS.items():
         os.environ.setdefault(key, value)
     check_reachable(uri)
-    refused = file_store_problem(uri)
+    refused = file_store_problem(uri) or (database_uri_problem(uri) if create else None)
     if refused:
         raise StoreUnusable(refused)
     db = sqlite_path(uri)
-    if db is None:
-        client = MlflowClient(tracking_uri=uri)
-        client.search_experiments(max_results=1)  # a database server: its own errors are its own
-        return client
-    check_sqlite(db, create)
-    with creation_lock(db):
+    if db is not None:
+        check_sqlite(db, create)
+    with creation_lock(db) if db is not None else contextlib.nullcontext():
         try:
             client = MlflowClient(tracking_uri=uri)
-            client.search_experiments(max_results=1)  # opens (creates, migrates) the store now, under the lock
+            # The first call that needs a login (a server's /health needs none); for sqlite it opens (creates,
+            # migrates) the store now, under the lock.
+            client.search_experiments(max_results=1)
         except Exception as exc:  # noqa: BLE001 - translated where known, else raised as it came
-            problem = sqlite_problem(db, exc)
+            problem = store_problem(uri, exc) or (sqlite_problem(db, exc) if db is not None else None)
             if problem is None:
                 raise
             raise StoreUnusable(problem) from None
     return client
+
+
+@contextlib.contextmanager
+def refusals_said(uri: str, doing: str = "") -> Iterator[None]:
+    """Inside: a store's known refusal (`store_problem`) of a call `doing` something is a `StoreUnusable`."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - translated where known, else raised as it came
+        problem = store_problem(uri, exc, doing)
+        if problem is None:
+            raise
+        raise StoreUnusable(problem) from None
+
+
+def store_problem(uri: str, exc: BaseException, doing: str = "") -> str | None:
+    """Return the one-line cause and fix for an error of a call to any store; None when it is none of these.
+
+    `doing` is what the call did, said in a 403's line. The errors: a refused login, a server that fails its calls, a missing database driver, a schema that needs
+    `mlflow db upgrade`."""
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        package = _DRIVER_PACKAGES.get(exc.name, exc.name)
+        return (f"MLflow needs the Python package {package} to open {shown_uri(uri)} (No module named "
+                f"{exc.name!r}): `pip install '{package}'` (or `pip install 'mlflow[db]'`, every database's driver) "
+                "where the sweep runs")
+    status = _http_status(exc)
+    if status in (401, 403) and uri.startswith(("http://", "https://")):
+        return login_problem(uri, status, doing)
+    failed = re.search(r"too many (5\d\d) error responses", str(exc))  # urllib3's words, after MLflow's retries
+    if failed:
+        return (f"the MLflow tracking server {shown_uri(uri)} answers its health check but failed the call (HTTP "
+                f"{failed.group(1)}, retried); nothing was run ({_login_vars()}): the server's log says why (e.g. its "
+                "database is down; a basic-auth server that caches logins fails a token this way: use "
+                "MLFLOW_TRACKING_USERNAME/PASSWORD)")
+    if "out-of-date database schema" in str(exc):
+        shown = shown_uri(uri)
+        return (f"the MLflow store {shown} was made by an older MLflow and needs its schema upgraded: take a "
+                f"backup, then run `mlflow db upgrade {shown}` (one process, before any server starts on it)")
+    return None
+
+
+def login_problem(uri: str, status: int, doing: str = "") -> str:
+    """Say what a server's refusal means, and which of MLflow's credential variables this process has.
+
+    HTTP 401: who are you; 403: not allowed."""
+    said = _login_vars()
+    if status == 403:
+        return (f"the MLflow tracking server {shown_uri(uri)} accepts the login but does not allow it "
+                f"{doing or 'this call'} (HTTP 403); nothing was run ({said}): ask the server's admin (or the "
+                "experiment's owner) for permission, or set tracking.experiment to an experiment of your own")
+    if not any(os.environ.get(name) for name in LOGIN_VARS):
+        fix = "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN)"
+    else:
+        fix = ("check MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) with the "
+               "server's admin")
+    return (f"the MLflow tracking server {shown_uri(uri)} refused the login (HTTP 401); nothing was run ({said}): "
+            f"{fix}, in the environment of the process that runs the sweep (a Ray job's: the head's, or the job's "
+            "runtime_env)")
+
+
+def _login_vars() -> str:
+    """Which of MLflow's login variables this process has (the user's name; never a secret)."""
+    user = os.environ.get("MLFLOW_TRACKING_USERNAME")
+    return ", ".join([f"MLFLOW_TRACKING_USERNAME={user}" if user else "MLFLOW_TRACKING_USERNAME is not set",
+                      *(f"{name} is {'set' if os.environ.get(name) else 'not set'}" for name in LOGIN_VARS[1:])])
+
+
+def _http_status(exc: BaseException) -> int | None:
+    """The HTTP status of a server's refusal, as MLflow's REST client raises it (None for anything else)."""
+    from mlflow.exceptions import MlflowException
+
+    return exc.get_http_status_code() if isinstance(exc, MlflowException) else None
 
 
 def check_sqlite(db: Path, create: bool) -> None:

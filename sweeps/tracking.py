@@ -22,7 +22,7 @@ from urllib.parse import quote, urlparse
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from sweeps.store import TrackingUnavailable, check_reachable, open_store  # noqa: F401 - the first two re-exported
+from sweeps.store import TrackingUnavailable, check_reachable, open_store, refusals_said  # noqa: F401 - the first two re-exported
 from trainables.contract import METRIC_KEY, is_metric
 
 logger = logging.getLogger(__name__)
@@ -76,7 +76,9 @@ class SweepTracker:
     def __init__(self, uri: str, experiment: str, pending_path: Path | None = None) -> None:
         self.uri = uri
         self.client = open_store(uri)  # checked, created under a lock where new: `sweeps.store`
-        self.experiment_id = self._experiment(experiment)
+        self.experiment = experiment
+        with refusals_said(uri, f"to read or create the experiment {experiment!r}"):  # a team server's permissions
+            self.experiment_id = self._experiment(experiment)
         self.parent_id: str | None = None
         self._children: dict[str, str] = {}
         self.pending: list[tuple[str, tuple[Any, ...]]] = []
@@ -148,7 +150,8 @@ class SweepTracker:
             all_tags["sweep.git_sha"] = sha
         if description:
             all_tags[NOTE_TAG] = description
-        run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)
+        with refusals_said(self.uri, f"to create runs in the experiment {self.experiment!r}"):  # READ, not EDIT
+            run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)
         self.parent_id, self.sweep_name = run.info.run_id, name
         self.client.log_text(self.parent_id, spec_text, "spec.yaml")
         started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

@@ -8,10 +8,13 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import re
 import sqlite3
 import subprocess
+import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +22,7 @@ import pytest
 from sweeps.cli import main
 from sweeps.exits import ExitCode, StoreUnusable
 from sweeps.service.saved_state import job_banner
-from sweeps.store import absolute_uri, open_store
+from sweeps.store import DATABASE_SCHEMES, absolute_uri, open_store
 
 
 def _tables(db: Path) -> set[str]:
@@ -204,3 +207,98 @@ def test_a_jobs_banner_says_where_each_kind_of_store_keeps_the_runs(state_dir: P
     store = banner[banner.index(". Its MLflow") + 2:]  # the store's sentences (the state's name $SWEEPS_HOME too)
     assert all(s in banner for s in says), banner
     assert not any(n in store for n in never) and "hunter2" not in banner and "s3cret" not in banner, banner
+
+
+def test_a_database_without_a_server_is_refused_for_a_sweep_with_the_server_recipe(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A direct postgresql:// store would put a new experiment's artifacts in ./mlruns of the driver's working
+    folder (a temporary one under `ray job submit`): refused in the spec, and from MLFLOW_TRACKING_URI."""
+    from mlflow.store.db.db_types import DATABASE_ENGINES
+
+    assert sorted(DATABASE_SCHEMES) == sorted(set(DATABASE_ENGINES) - {"sqlite"})  # MLflow's list, as this module has it
+    spec = tmp_path / "s.yaml"
+    body = f"name: d\ntrainable: {{name: mlp-tabular}}\nbudget: {{num_trials: 1, num_steps: 2}}\nstorage_path: {tmp_path}\n"
+    spec.write_text(body + "tracking: {uri: 'postgresql://bob:s3cret@127.0.0.1:9/mlflow'}\n")
+    assert main(["validate", str(spec)]) == ExitCode.BAD_INPUT
+    err = capsys.readouterr().err
+    assert "tracking.uri: postgresql://bob:***@127.0.0.1:9/mlflow is a database without an MLflow server" in err
+    assert "`mlflow server --backend-store-uri <this URI> --artifacts-destination s3://BUCKET/PATH`" in err
+    assert "s3cret" not in err
+
+    spec.write_text(body)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "mysql+pymysql://bob:s3cret@127.0.0.1:9/mlflow")
+    assert main(["run", str(spec)]) == ExitCode.STORE_UNUSABLE  # refused before any connection is tried
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: mysql+pymysql://bob:***@127.0.0.1:9/mlflow is a database "
+                                               "without an MLflow server"), err
+
+
+def test_a_missing_database_driver_is_named_with_its_package(monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    for driver in ("psycopg", "psycopg2"):  # SQLAlchemy 2.1 opens postgresql:// with psycopg, 2.0 with psycopg2
+        monkeypatch.setitem(sys.modules, driver, None)  # `import psycopg` now raises ModuleNotFoundError
+    assert main(["report", "x", "--tracking-uri", "postgresql://bob:s3cret@127.0.0.1:9/mlflow"]) == ExitCode.STORE_UNUSABLE
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert re.search(r"^error: MLflow needs the Python package (psycopg\[binary\]|psycopg2-binary) to open "
+                     r"postgresql://bob:\*\*\*@127.0.0.1:9/mlflow \(No module named 'psycopg2?'\): "
+                     r"`pip install '(psycopg\[binary\]|psycopg2-binary)'`", line), line
+
+
+def test_a_store_whose_schema_is_older_than_mlflow_names_mlflow_db_upgrade(
+        tmp_path: Path, new_store: Callable[[Path], Path], capsys: pytest.CaptureFixture[str]) -> None:
+    db = new_store(tmp_path / "mlflow.db")
+    with contextlib.closing(sqlite3.connect(db)) as con, con:
+        con.execute("UPDATE alembic_version SET version_num = 'a8c4a736bde6'")  # what an older MLflow left
+    said = f"needs its schema upgraded: take a backup, then run `mlflow db upgrade sqlite:///{db}`"
+    with pytest.raises(StoreUnusable, match=re.escape(said)):
+        open_store(f"sqlite:///{db}")
+    assert main(["report", "x", "--tracking-uri", f"sqlite:///{db}"]) == ExitCode.STORE_UNUSABLE
+    assert said in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@contextlib.contextmanager
+def _server_answering(status: int) -> Iterator[str]:
+    """An HTTP server whose /health is fine and whose every other path answers `status` (a login's fate)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            code = 200 if self.path == "/health" else status
+            self.send_response(code)
+            self.end_headers()
+            self.wfile.write(b"OK" if code == 200 else b"You are not authenticated.")
+
+        do_POST = do_GET  # noqa: N815 - MLflow searches with POST
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@pytest.mark.parametrize(("status", "said"), [
+    (401, "refused the login (HTTP 401); nothing was run (MLFLOW_TRACKING_USERNAME=bob, MLFLOW_TRACKING_PASSWORD "
+          "is set, MLFLOW_TRACKING_TOKEN is not set): check MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD"),
+    (403, "accepts the login but does not allow it this call (HTTP 403); nothing was run (MLFLOW_TRACKING_USERNAME=bob"),
+    (503, "answers its health check but failed the call (HTTP 503, retried); nothing was run (MLFLOW_TRACKING_USERNAME"),
+])
+def test_a_server_that_refuses_the_first_call_after_its_health_check_says_so_in_one_line(
+        status: int, said: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/health needs no login, so a server that answers it can still refuse every call: the first call that
+    needs one is made when the store opens. (tests/e2e/test_team_mlflow.py does it against a real server.)"""
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "bob")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "hunter2hunter2")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    with _server_answering(status) as uri, pytest.raises(StoreUnusable) as raised:
+        open_store(uri)
+    assert str(raised.value).startswith(f"the MLflow tracking server {uri} ") and said in str(raised.value)
+    assert "hunter2" not in str(raised.value)

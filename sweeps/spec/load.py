@@ -16,6 +16,7 @@ from sweeps.spec.problems import RuleProblems, SpecError, SpecProblem
 from sweeps.spec.sections import RENAMED
 from sweeps.spec.space import OPTIM_KNOBS, PARAMS_PREFIX
 from sweeps.spec.sweep import SweepSpec
+from sweeps.store import shown_uri
 from trainables.knobs import KNOBS
 from trainables.loop_errors import WorkloadError
 
@@ -88,6 +89,8 @@ def _problem(err: dict[str, Any], lines: dict[tuple[str, ...], int]) -> SpecProb
         value = None  # a whole section is noise; the message says what is wrong
     if err["type"] == "missing":
         value = None
+    if isinstance(value, str) and "://" in value:
+        value = shown_uri(value)  # a password in a URI (tracking.uri: postgresql://user:secret@...) is not echoed
     return SpecProblem(".".join(loc), msg, value, line)
 
 

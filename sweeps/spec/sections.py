@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_va
 
 from sweeps.spec.params import STRICT
 from sweeps.spec.settings import setting_field
-from sweeps.store import DEFAULT_URI, file_store_problem
+from sweeps.store import DEFAULT_URI, database_uri_problem, file_store_problem
 from trainables import registry
 from trainables.contract import items_problem, window_problem
 from trainables.knobs import CPU_TIME_BOX_S, GPU_MIN_WINDOW_S, GPU_TIME_BOX_S
@@ -247,13 +247,15 @@ class TelemetrySpec(BaseModel):
 
 class TrackingSpec(BaseModel):
     model_config = STRICT
-    uri: str | None = Field(default=None, description="MLflow URI; default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
+    uri: str | None = Field(default=None, description="MLflow URI: a tracking server (http(s)://, its login from "
+                            "MLFLOW_TRACKING_USERNAME/PASSWORD or _TOKEN) or a sqlite:/// file; a database such as "
+                            "postgresql:// only behind a server; default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
     experiment: str | None = Field(default=None, description="default: the sweep name")
 
     @field_validator("uri")
     @classmethod
     def _supported(cls, uri: str | None) -> str | None:
-        problem = file_store_problem(uri) if uri is not None else None
+        problem = (file_store_problem(uri) or database_uri_problem(uri)) if uri is not None else None
         if problem:
             raise ValueError(problem)
         return uri
