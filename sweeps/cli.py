@@ -12,7 +12,7 @@ import time
 import traceback
 from typing import Any
 
-from sweeps.exits import ExitCode, SweepsError
+from sweeps.exits import ExitCode, StorageProblem, SweepsError
 from sweeps.spec import SpecError, load_spec
 
 
@@ -36,13 +36,16 @@ def _validate(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from sweeps.service.runner import run_sweep
     from sweeps.service.saved_state import load_for_resume, resume_command
+    from trainables.storage import StorageError
 
-    if args.command == "resume":
-        spec, text = load_for_resume(args.storage_path, args.name)
-    else:
-        spec, text = load_spec(args.spec)
+    try:
+        spec, text = load_for_resume(args.storage_path, args.name) if args.command == "resume" else load_spec(args.spec)
+    except StorageError as exc:  # a storage_path URI: one line naming it (and the credentials variables)
+        raise StorageProblem(str(exc)) from None
     try:
         outcome = run_sweep(spec, text, restart=getattr(args, "restart", False))
+    except StorageError as exc:  # a storage_path URI: one line naming it (and the credentials variables)
+        raise StorageProblem(str(exc)) from None
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
