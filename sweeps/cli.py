@@ -256,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default="doctor.json", help="write the report here (default: doctor.json)")
     p.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"),
                    help="the MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
-    p.add_argument("--storage-path", default="ray_results", help="where sweeps keep their state: its free disk is checked")
+    p.add_argument("--storage-path", default="ray_results", help="where sweeps keep their state: its free disk is checked (a URI: that each node can write there)")
     p.add_argument("--no-mlflow", action="store_true", help="do not log the figures to MLflow")
     p.set_defaults(func=_doctor)
     p = sub.add_parser("wait-head", help="wait until a Ray head accepts jobs (run it between `ray start --head` "
