@@ -12,7 +12,7 @@ import time
 import traceback
 from typing import Any
 
-from sweeps.exits import ExitCode, SweepsError
+from sweeps.exits import ExitCode, StorageProblem, SweepsError
 from sweeps.spec import SpecError, load_spec
 
 
@@ -36,13 +36,16 @@ def _validate(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from sweeps.service.runner import run_sweep
     from sweeps.service.saved_state import load_for_resume, resume_command
+    from trainables.storage import StorageError
 
-    if args.command == "resume":
-        spec, text = load_for_resume(args.storage_path, args.name)
-    else:
-        spec, text = load_spec(args.spec)
+    try:
+        spec, text = load_for_resume(args.storage_path, args.name) if args.command == "resume" else load_spec(args.spec)
+    except StorageError as exc:  # a storage_path URI: one line naming it (and the credentials variables)
+        raise StorageProblem(str(exc)) from None
     try:
         outcome = run_sweep(spec, text, restart=getattr(args, "restart", False))
+    except StorageError as exc:  # a storage_path URI: one line naming it (and the credentials variables)
+        raise StorageProblem(str(exc)) from None
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
@@ -253,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default="doctor.json", help="write the report here (default: doctor.json)")
     p.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"),
                    help="the MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
-    p.add_argument("--storage-path", default="ray_results", help="where sweeps keep their state: its free disk is checked")
+    p.add_argument("--storage-path", default="ray_results", help="where sweeps keep their state: its free disk is checked (a URI: that each node can write there)")
     p.add_argument("--no-mlflow", action="store_true", help="do not log the figures to MLflow")
     p.set_defaults(func=_doctor)
     p = sub.add_parser("wait-head", help="wait until a Ray head accepts jobs (run it between `ray start --head` "

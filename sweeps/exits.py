@@ -39,7 +39,8 @@ EXIT_CODES: dict[ExitCode, str] = {
                         "SIGTERM (`timeout`, systemd, SLURM, Kubernetes), a full disk, a wait for resources longer than "
                         "`budget.max_queue_s`.",
     ExitCode.ENVIRONMENT: "The machine or cluster is not usable: Ray cannot start or a Ray address does not answer, "
-                          "a read-only HOME, an unusable TMPDIR.",
+                          "a read-only HOME, an unusable TMPDIR, a `storage_path` some node cannot see, a "
+                          "`storage_path` URI that cannot be reached or written (or whose credentials are not set).",
     ExitCode.INTERNAL: "An unexpected error (a bug): the line names the log file that holds its traceback.",
 }
 
@@ -63,6 +64,13 @@ class StoreUnusable(SweepsError, ValueError):
 
 
 class EnvironmentProblem(SweepsError, RuntimeError):
-    """The machine or the cluster cannot run the command (Ray, HOME, TMPDIR)."""
+    """The machine or the cluster cannot run the command (Ray, HOME, TMPDIR, storage_path)."""
 
     exit_code = ExitCode.ENVIRONMENT
+
+
+class StorageProblem(EnvironmentProblem):
+    """`storage_path` cannot be used.
+
+    A URI that cannot be opened, reached or written, or whose credentials are not set
+    (`trainables.storage.StorageError`, whose one line names the URI and the variables)."""

@@ -24,6 +24,7 @@ from mlflow.tracking import MlflowClient
 
 from sweeps.store import TrackingUnavailable, check_reachable, open_store, refusals_said  # noqa: F401 - the first two re-exported
 from trainables.contract import METRIC_KEY, is_metric
+from trainables.storage import Storage, StorageError
 
 logger = logging.getLogger(__name__)
 _MAX_PARAM_LEN = 6000
@@ -70,10 +71,11 @@ class SweepTracker:
 
     Per-trial calls never raise: when the store fails mid-sweep they are buffered, in order, and
     replayed on the next call that succeeds; what is still pending at the end is written to
-    `pending_path` (and reported), so no result is dropped silently.
+    `pending_path` (and reported), so no result is dropped silently: a local file, or a file in the sweep's
+    storage (`(Storage, key)`: a local folder or a URI, `trainables.storage`).
     """
 
-    def __init__(self, uri: str, experiment: str, pending_path: Path | None = None) -> None:
+    def __init__(self, uri: str, experiment: str, pending_path: Path | tuple[Storage, str] | None = None) -> None:
         self.uri = uri
         self.client = open_store(uri)  # checked, created under a lock where new: `sweeps.store`
         self.experiment = experiment
@@ -82,7 +84,8 @@ class SweepTracker:
         self.parent_id: str | None = None
         self._children: dict[str, str] = {}
         self.pending: list[tuple[str, tuple[Any, ...]]] = []
-        self.pending_path = pending_path
+        self.pending_path = (Storage(str(pending_path.parent)), pending_path.name) if isinstance(pending_path, Path) \
+            else pending_path
         self.degraded_reason = ""
         self.sweep_name = ""
 
@@ -104,15 +107,15 @@ class SweepTracker:
             self.pending.pop(0)
         return True
 
-    def dump_pending(self) -> Path | None:
-        """Write the calls that never reached MLflow to a JSON-lines file; returns its path."""
+    def dump_pending(self) -> Path | str | None:
+        """Add the calls that never reached MLflow to a JSON-lines file; returns its path (its URI in a store)."""
         if not self.pending or self.pending_path is None:
             return None
-        self.pending_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.pending_path, "a") as f:
-            for method, args in self.pending:
-                f.write(json.dumps({"method": method, "args": args}, default=str) + "\n")
-        return self.pending_path
+        st, key = self.pending_path
+        # a Storage argument (`log_files`) is written as its URI, any secret in it masked (`Storage.__str__`)
+        st.append_text(key, "".join(json.dumps({"method": method, "args": args}, default=str) + "\n"
+                                    for method, args in self.pending))
+        return Path(st.uri(key)) if st.is_local else str(st.child(key))
 
     # The per-trial actions, one verb each. Each is buffered when the store fails (`_do`) and carried out by
     # its private twin (`_start_trial` for `start_trial`, ...), which talks to MLflow directly.
@@ -130,8 +133,11 @@ class SweepTracker:
         """Close the trial's run with its status, reason and tags."""
         self._do("end_trial", trial_id, ok, kind, reason, tags or {})
 
-    def log_files(self, trial_id: str, folder: str, artifact_path: str) -> None:
-        """Log a folder's files as the trial run's artifacts under `artifact_path` (e.g. its ranks' traces)."""
+    def log_files(self, trial_id: str, folder: Storage, artifact_path: str) -> None:
+        """Log a folder's files as the trial run's artifacts under `artifact_path` (e.g. its ranks' traces).
+
+        The folder is in the sweep's storage (`trainables.storage`: local or a URI), fetched from there when the
+        call is made (a buffered call: when replayed)."""
         self._do("log_files", trial_id, folder, artifact_path)
 
     def _experiment(self, name: str) -> str:
@@ -218,9 +224,14 @@ class SweepTracker:
         if metrics or tags:
             self.client.log_batch(run_id, metrics=metrics, tags=tags)
 
-    def _log_files(self, trial_id: str, folder: str, artifact_path: str) -> None:
-        if Path(folder).is_dir():  # gone (a re-run call after the sweep cleaned up): nothing left to log
-            self.client.log_artifacts(self._children[trial_id], folder, artifact_path)
+    def _log_files(self, trial_id: str, folder: Storage, artifact_path: str) -> None:
+        try:
+            if not folder.exists():  # gone (a re-run call after the sweep cleaned up): nothing left to log
+                return
+            with folder.fetched("") as local:  # now, not when the call was made: a buffered call's copy would be gone
+                self.client.log_artifacts(self._children[trial_id], str(local), artifact_path)
+        except StorageError as exc:  # the sweep's storage, not MLflow: said, and the calls after it go on
+            logger.warning("could not log %s of trial %s to MLflow: %s", artifact_path, trial_id, exc)
 
     def _end_trial(self, trial_id: str, ok: bool, kind: str = "ok", reason: str = "",
                    tags: dict[str, str] | None = None) -> None:

@@ -16,6 +16,7 @@ from torch import nn
 
 from trainables.contract import CHECKPOINT_FILE
 from trainables.reporting import Reporter
+from trainables.storage import Storage
 
 
 @dataclass(frozen=True)
@@ -36,8 +37,11 @@ def save_state(path: Path, saved: Saved, measured: int) -> None:
 
 
 def read_state(path: str, device: torch.device) -> dict[str, Any]:
-    """A checkpoint this loop wrote; tensors only (`weights_only`): nothing is unpickled."""
-    return torch.load(Path(path) / CHECKPOINT_FILE, map_location=device, weights_only=True)  # type: ignore[no-any-return]
+    """Read a checkpoint this loop wrote, in a local folder or at a URI.
+
+    A URI's is fetched to this node (`trainables.storage`). Tensors only (`weights_only`): nothing is unpickled."""
+    with Storage(path).fetched("") as folder:  # locally the folder itself, as before
+        return torch.load(folder / CHECKPOINT_FILE, map_location=device, weights_only=True)  # type: ignore[no-any-return]
 
 
 def apply_state(state: dict[str, Any], saved: Saved) -> None:

@@ -297,6 +297,7 @@ def host_facts(storage_path: str, shm_path: str = "/dev/shm") -> tuple[dict[str,
     import psutil
 
     from trainables.devinfo import cpu_isa_flags, cpu_model
+    from trainables.storage import Storage, is_uri
 
     findings: list[str] = []
     facts: dict[str, Any] = {"host/name": socket.gethostname(), "host/cpu": cpu_model(), "host/cpu_isa": cpu_isa_flags(),
@@ -316,12 +317,15 @@ def host_facts(storage_path: str, shm_path: str = "/dev/shm") -> tuple[dict[str,
     except OSError as exc:
         findings.append(f"{shm_path} cannot be read ({exc.strerror}): dataloader workers need shared memory")
     try:
+        if is_uri(storage_path):  # no disk of this node's: whether it writes there, with this node's credentials
+            Storage(storage_path).check_writable()
+            return {**facts, "host/storage_writable": True}, findings
         facts["host/disk_free_gib"] = round(_disk_free_gib(storage_path), 1)
         if facts["host/disk_free_gib"] < 5:
             findings.append(f"{facts['host/disk_free_gib']} GiB free under {storage_path}: checkpoints and Ray's logs "
                             "will fill it (sweeps stop with disk_full)")
-    except OSError as exc:
-        findings.append(f"free disk under {storage_path} unknown: {exc}")
+    except OSError as exc:  # a URI's StorageError: one line naming it and the credentials variables
+        findings.append(str(exc) if is_uri(storage_path) else f"free disk under {storage_path} unknown: {exc}")
     return facts, findings
 
 

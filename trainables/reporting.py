@@ -7,12 +7,12 @@ reporters write anything.
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 from typing import Any, Protocol
 
 from trainables.contract import CHECKPOINT_FILE, money_metrics
+from trainables.storage import Storage
 
 
 class Reporter(Protocol):
@@ -80,10 +80,11 @@ def priced(reporter: Reporter, usd_per_hour: float) -> Reporter:
     return PricedReporter(reporter, usd_per_hour) if usd_per_hour > 0 else reporter
 
 
-def keep_checkpoint(checkpoint_dir: str, directory: Path) -> Path:
-    """Copy the loop's checkpoint into `directory` (latest only; a crash mid-copy never leaves half a file)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / (CHECKPOINT_FILE + ".tmp")
-    shutil.copyfile(Path(checkpoint_dir) / CHECKPOINT_FILE, tmp)
-    tmp.replace(directory / CHECKPOINT_FILE)
-    return directory
+def keep_checkpoint(checkpoint_dir: str, directory: str | Path) -> str:
+    """Copy the loop's checkpoint into `directory`, a local folder or a URI; return where it went.
+
+    From the node this rank runs on (`trainables.storage`); latest only, and a crash mid-copy never leaves half
+    a file."""
+    where = Storage(str(directory))
+    where.upload(Path(checkpoint_dir) / CHECKPOINT_FILE, CHECKPOINT_FILE)
+    return where.uri()

@@ -1,5 +1,6 @@
-"""Where a sweep keeps what it writes under `storage_path`: a local folder, or a URI of any filesystem
-pyarrow opens (`s3://bucket/prefix`, an S3-compatible store as
+"""Where a sweep keeps what it writes under `storage_path`: a local folder, or a URI pyarrow opens.
+
+A URI of any filesystem pyarrow opens (`s3://bucket/prefix`, an S3-compatible store as
 `s3://bucket/prefix?endpoint_override=HOST:PORT&scheme=http&region=us-east-1`, `gs://bucket/prefix`; a
 `file://` URI is a local folder).
 
@@ -103,8 +104,10 @@ class Storage:
     # --- names -------------------------------------------------------------------------------------------
 
     def uri(self, *parts: str) -> str:
-        """The full name of a key: an absolute path on a local root, else the root's URI with the key
-        appended to its path and its query kept (what Ray Tune and a new `Storage` take)."""
+        """Return the full name of a key: what Ray Tune and a new `Storage` take.
+
+        On a local root an absolute path, else the root's URI with the key appended to its path and its query
+        kept."""
         key = _key(*parts)
         if self._local is not None:
             return str(self._local / key) if key else str(self._local)
@@ -118,8 +121,9 @@ class Storage:
         return Storage(self.uri(*parts))
 
     def ray_storage(self, *parts: str) -> tuple[str, pyarrow.fs.FileSystem | None]:
-        """What to hand Ray Tune or Ray Train for a folder under this root: `RunConfig(storage_path=...,
-        storage_filesystem=...)`. The URI itself and no filesystem: Ray opens it with `FileSystem.from_uri`
+        """Return what to hand Ray Tune or Ray Train for a folder under this root.
+
+        That is `RunConfig(storage_path=..., storage_filesystem=...)`: the URI itself and no filesystem: Ray opens it with `FileSystem.from_uri`
         in every process that writes there (its query, e.g. `endpoint_override`, is read there too), with
         that node's own credentials; `Tuner.restore`/`can_restore` take the same URI."""
         return self.uri(*parts), None
@@ -145,8 +149,9 @@ class Storage:
         return self.read_bytes(*parts).decode()
 
     def write_bytes(self, key: str, data: bytes) -> None:
-        """Write a file whole: a kill midway leaves the old one or the new one, never half of one
-        (locally a temporary file renamed over it; on an object store a single upload)."""
+        """Write a file whole: a kill midway leaves the old one or the new one, never half of one.
+
+        Locally a temporary file renamed over it; on an object store a single upload."""
         if self._local is not None:
             path = self._local / _key(key)
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -161,8 +166,9 @@ class Storage:
         self.write_bytes(key, text.encode())
 
     def append_text(self, key: str, text: str) -> None:
-        """Add to the end of a file (a journal, a log). An object store cannot append: the object is read
-        and written again, so one process appends at a time."""
+        """Add to the end of a file (a journal, a log).
+
+        An object store cannot append: the object is read and written again, so one process appends at a time."""
         if self._local is not None:
             path = self._local / _key(key)
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -176,8 +182,9 @@ class Storage:
         self.write_bytes(key, before + text.encode())
 
     def list(self, key: str = "", pattern: str = "*") -> list[str]:
-        """The names one level below `key` that match `pattern` (`fnmatch`), sorted; [] where there is no
-        such folder."""
+        """Return the names one level below `key` that match `pattern` (`fnmatch`), sorted.
+
+        [] where there is no such folder."""
         if self._local is not None:
             folder = self._local / _key(key)
             names = [p.name for p in folder.iterdir()] if folder.is_dir() else []
@@ -209,8 +216,9 @@ class Storage:
                 fs.delete_file(path_)
 
     def move(self, src: str, dst: str) -> None:
-        """Rename a file or folder (`--restart` moves an old sweep aside). Locally one rename; an object
-        store has none: its objects are copied, then the old ones removed."""
+        """Rename a file or folder (`--restart` moves an old sweep aside).
+
+        Locally one rename; an object store has none: its objects are copied, then the old ones removed."""
         if self._local is not None:
             (self._local / _key(src)).rename(self._local / _key(dst))
             return
@@ -227,8 +235,9 @@ class Storage:
     # --- folders to and from this machine ------------------------------------------------------------------
 
     def upload(self, local: Path, key: str) -> None:
-        """Copy a local file to `key`, or a local folder's files (all below it) under `key`; each file is
-        written whole (`write_bytes`)."""
+        """Copy a local file to `key`, or a local folder's files (all below it) under `key`.
+
+        Each file is written whole (`write_bytes`)."""
         files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
         for f in files:
             rel = f.relative_to(local).as_posix() if f != local else ""
@@ -253,8 +262,10 @@ class Storage:
                     out.write(view)
 
     def download(self, key: str, local: Path) -> Path:
-        """Copy the files below `key` into the local folder `local` (made if need be; their paths below
-        `key` kept), or the file `key` into it; returns `local`. FileNotFoundError where `key` is nothing."""
+        """Copy the files below `key`, or the file `key`, into the local folder `local`; return `local`.
+
+        `local` is made if need be; the files' paths below `key` are kept. FileNotFoundError where `key` is
+        nothing."""
         local.mkdir(parents=True, exist_ok=True)
         if self._local is not None:
             src = self._local / _key(key)
@@ -276,8 +287,9 @@ class Storage:
 
     @contextlib.contextmanager
     def fetched(self, key: str) -> Iterator[Path]:
-        """A local folder holding what is below `key` while inside: on a local root the folder itself (no
-        copy), else a temporary copy removed on exit (a rank reading a checkpoint, the driver handing a
+        """Give a local folder holding what is below `key` while inside.
+
+        On a local root the folder itself (no copy), else a temporary copy removed on exit (a rank reading a checkpoint, the driver handing a
         trial's traces to MLflow). FileNotFoundError where `key` is nothing."""
         if self._local is not None:
             if not (self._local / _key(key)).exists():
@@ -290,8 +302,9 @@ class Storage:
     # --- checks and the lock -------------------------------------------------------------------------------
 
     def check_writable(self) -> None:
-        """Write a small marker at the root, read it back, find it listed and remove it: before a sweep
-        starts, an unreachable store, missing credentials or permissions (write, read, list, delete), or a
+        """Write a small marker at the root, read it back, find it listed and remove it.
+
+        Before a sweep starts, an unreachable store, missing credentials or permissions (write, read, list, delete), or a
         read-only folder fail here, in one line. (The lock on a URI needs the listing: `storage_lease`.)"""
         marker, token = f".write-check-{uuid.uuid4().hex[:12]}", uuid.uuid4().hex.encode()
         try:
@@ -310,8 +323,9 @@ class Storage:
 
     @contextlib.contextmanager
     def lock(self, name: str, holder: dict[str, Any], ttl_s: float = 60.0) -> Iterator[Lease | None]:
-        """Hold the lock `name` (a key at the root) while inside, or raise `LockHeld` at once with what its
-        holder wrote (`holder`: who this is, as the refusal names it). A local root: an `fcntl` lock on the
+        """Hold the lock `name` (a key at the root) while inside, or raise `LockHeld` at once.
+
+        `LockHeld` carries what the holder wrote (`holder`: who this is, as the refusal names it). A local root: an `fcntl` lock on the
         file `name` that the operating system releases when the holder ends, however it ends; the file
         stays with the last holder's `holder` in it; yields None. A URI: a lease (`storage_lease.Lease`),
         renewed while held, which a holder killed outright leaves to expire after `ttl_s` (at once for a

@@ -50,8 +50,10 @@ _MTIME_SLACK_S = 1.0  # object stores keep modification times to the second
 
 
 class LockHeld(Exception):
-    """The lock is held: `holder` is what its holder wrote (empty where unreadable); `age_s`, on a store,
-    how long ago its lease was renewed; `ttl_s` when it expires unrenewed."""
+    """The lock is held by another process.
+
+    `holder` is what its holder wrote (empty where unreadable); `age_s`, on a store, how long ago its lease
+    was renewed; `ttl_s` when it expires unrenewed."""
 
     def __init__(self, holder: dict[str, Any], age_s: float | None = None, ttl_s: float | None = None) -> None:
         super().__init__(f"held by {holder or 'another process'}")
@@ -65,8 +67,9 @@ def this_process() -> dict[str, Any]:
 
 
 class Lease:
-    """The lease `prefix/` on `fs` (module doc). `errors(action, parts)` turns the store's failures into
-    one-line `StorageError`s naming the URI."""
+    """The lease `prefix/` on `fs` (module doc).
+
+    `errors(action, parts)` turns the store's failures into one-line `StorageError`s naming the URI."""
 
     def __init__(self, fs: pyarrow.fs.FileSystem, prefix: str, holder: dict[str, Any], ttl_s: float,
                  errors: Callable[[str, tuple[str, ...]], contextlib.AbstractContextManager[None]]) -> None:

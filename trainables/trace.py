@@ -62,6 +62,7 @@ import torch
 os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 from trainables import contract
+from trainables.storage import Storage
 
 logger = logging.getLogger(__name__)
 
@@ -217,7 +218,8 @@ class Tracer:
         self.active = 0  # the steps this trace holds: `steps`, or fewer where max_warmup_s left less room
         self.traced = 0
         self.path: Path | None = None  # this rank's gzipped trace, once the profiler saved it
-        self.kept = False  # in trace_dir (logged by the sweep), not a temp file
+        self.kept = False  # a copy in trace_dir (logged by the sweep), uploaded from this node
+        self._tmp: Path | None = None  # the trace's temporary folder on this node: removed once it is split
         self.skipped = ""
         self.spent_s = 0.0  # this rank's seconds writing, gzipping and splitting its trace: not a step's time
         self.evaluated = False  # an evaluation took a step the trace could have held
@@ -299,6 +301,7 @@ class Tracer:
                 self.prof = None
                 if not self.kept:
                     self._discard()
+                self._remove_tmp()  # a kept trace is in trace_dir: nothing stays on this node
         elif not self.skipped:
             self.skipped = (f"warm-up ended before the trace began: tracing {self.steps} step(s) needs "
                             f"num_warmup_steps >= {self.steps + 2} (and max_warmup_s long enough for them)" + (
@@ -342,21 +345,28 @@ class Tracer:
             self.prof = None
         if not self.kept:
             self._discard()
+        self._remove_tmp()
 
     def _discard(self) -> None:
-        """Remove this rank's trace: a kept file, or the temp folder of one kept only to be split."""
-        if self.path is not None:
-            if self.kept:
-                self.path.unlink(missing_ok=True)
-            else:
-                shutil.rmtree(self.path.parent, ignore_errors=True)
+        """Remove this rank's trace: its copy in trace_dir, and its temp folder."""
+        if self.path is not None and self.kept and self.trace_dir:
+            try:
+                Storage(self.trace_dir).delete(self.path.name)
+            except OSError as exc:  # a store that does not answer: a stray trace, never a failed trial
+                logger.warning("rank %d: could not remove its cut-short trace from %s: %s", self.rank, self.trace_dir, exc)
+        self._remove_tmp()
         self.path, self.kept = None, False
 
+    def _remove_tmp(self) -> None:
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
     def _ready(self, prof: Any) -> None:
-        """The profiler's traced steps are done: this rank's trace, gzipped, into `trace_dir` when it is kept
-        (bounded in size), else into a temp folder for the split alone."""
+        """The profiler's traced steps are done: this rank's trace, gzipped into a temp folder for the split, and
+        uploaded to `trace_dir` (a path or a URI: `trainables.storage`) when it is kept (bounded in size)."""
         t0 = time.perf_counter()
-        tmp = Path(tempfile.mkdtemp(prefix="trace-"))
+        tmp = self._tmp = Path(tempfile.mkdtemp(prefix="trace-"))
         raw = tmp / f"rank-{self.rank}.pt.trace.json"
         prof.export_chrome_trace(str(raw))
         gz = raw.with_suffix(".json.gz")
@@ -365,8 +375,9 @@ class Tracer:
         raw.unlink()
         self.path = gz
         if self.trace_dir and gz.stat().st_size <= MAX_TRACE_BYTES:
-            os.makedirs(self.trace_dir, exist_ok=True)
-            self.path = Path(shutil.move(str(gz), Path(self.trace_dir) / gz.name))
-            self.kept = True
-            shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                Storage(self.trace_dir).upload(gz, gz.name)  # from this rank's node: the driver reads it from there
+                self.kept = True
+            except OSError as exc:  # a store that does not answer: the split still stands, the trace is not kept
+                logger.warning("rank %d: the trace could not be kept in %s: %s", self.rank, Storage(self.trace_dir), exc)
         self.spent_s += time.perf_counter() - t0

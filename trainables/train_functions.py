@@ -26,7 +26,6 @@ import gc
 import logging
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -145,7 +144,8 @@ class QueueReporter:
     Every rank learns at each report whether the driver cancelled the trial (so all of them stop at the same
     step)."""
 
-    def __init__(self, queue: Any, trial_id: str, rank: int, world: int, checkpoint_dir: Path) -> None:
+    def __init__(self, queue: Any, trial_id: str, rank: int, world: int, checkpoint_dir: str) -> None:
+        """`checkpoint_dir`: where rank 0 keeps the trial's checkpoint, a path or a URI (`keep_checkpoint`)."""
         self.queue, self.trial_id, self.rank, self.world = queue, trial_id, rank, world
         self.checkpoint_dir = checkpoint_dir
 
@@ -156,7 +156,7 @@ class QueueReporter:
         if self.rank == 0:
             event: dict[str, Any] = {"metrics": dict(metrics)}
             if checkpoint_dir is not None:
-                event["checkpoint"] = str(keep_checkpoint(checkpoint_dir, self.checkpoint_dir))
+                event["checkpoint"] = keep_checkpoint(checkpoint_dir, self.checkpoint_dir)
             cancelled = bool(ray.get(self.queue.post.remote(self.trial_id, event)))
         if self.world > 1:
             flag = [cancelled]
@@ -229,7 +229,7 @@ def pool_worker(config: dict[str, Any]) -> None:
         cfg = TrialConfig.from_dict(cfg_dict)
         served += 1
         reset_between_trials(device)
-        reporter = QueueReporter(queue, trial_id, rank, world, Path(checkpoint_dir))
+        reporter = QueueReporter(queue, trial_id, rank, world, checkpoint_dir)
         facts = {"device/ray_node_id": node, "pool/group": group, TRIAL_IN_GROUP: str(served)}
         error: BaseException | None = None
         try:

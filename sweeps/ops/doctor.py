@@ -327,7 +327,8 @@ def table(report: dict[str, Any]) -> str:
     keys = sorted({k for n in nodes for k in n["figures"]})
     head = ["figure", *[n["node"] for n in nodes]]
     rows = [[k, *[f"{n['figures'][k]:.4g}" if k in n["figures"] else "-" for n in nodes]] for k in keys]
-    facts = ("device/name", "host/cores_usable", "host/cpu_isa", KERNEL_ENV_FACT, "host/shm_gib", "host/disk_free_gib", "gpu/count",
+    facts = ("device/name", "host/cores_usable", "host/cpu_isa", KERNEL_ENV_FACT, "host/shm_gib", "host/disk_free_gib",
+             "host/storage_writable", "gpu/count",
              "gpu/memory_gib", "gpu/capability", "gpu/driver", "gpu/cuda", "gpu/nccl", "gpu/nvml", "gpu/gpm", "doctor/elapsed_s")
     rows += [[k, *[str(n["facts"].get(k, "-")) for n in nodes]] for k in facts if any(k in n["facts"] for n in nodes)]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]

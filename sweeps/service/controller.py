@@ -18,7 +18,6 @@ import statistics
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Protocol
 
 from sweeps.results.contention import CONTENDED_TAG, contended
@@ -37,12 +36,13 @@ from sweeps.service.callback import SweepCallback, live
 from sweeps.service.failures import failure_of
 from sweeps.service.progress import TERMINAL, Costs, TrialCost, conditions, overhead_line, planned_cost, progress_line
 from sweeps.service.resources import concurrency_note
-from sweeps.service.saved_state import SweepState, experiment_dir, resume_command
-from sweeps.service.trial import HALT_KEY, trace_dir
+from sweeps.service.saved_state import SweepState, experiment_dir, resume_command, storage
+from sweeps.service.trial import HALT_KEY
 from sweeps.service.tuning import RayTune, interrupt_tune
 from sweeps.spec import SweepSpec
 from sweeps.tracking import SweepTracker
 from trainables.contract import DEVICE_PREFIX, PROGRESS_PREFIX, STEPS, SWEEP_USD, TRIAL_USD
+from trainables.storage_lease import Lease
 
 
 class Clock(Protocol):
@@ -57,12 +57,15 @@ class SweepController:
 
     def __init__(self, spec: SweepSpec, spec_text: str, echo: Callable[[str], None], saved: SweepState | None,
                  tracker: SweepTracker, *, tune: RayTune | None = None,
-                 speed_of_light: Callable[[str], SpeedOfLight] = SpeedOfLight.for_sweep, clock: Clock = time) -> None:
+                 speed_of_light: Callable[[str], SpeedOfLight] = SpeedOfLight.for_sweep, clock: Clock = time,
+                 lease: Lease | None = None) -> None:
         self.spec, self.spec_text, self.echo, self.saved, self.tracker = spec, spec_text, echo, saved, tracker
         self.search = SearchState()
         self.token = saved.token if saved is not None else uuid.uuid4().hex  # names the sweep's actors
-        self.exp_dir = experiment_dir(spec)
-        self.tune = tune if tune is not None else RayTune(spec, self.exp_dir, self.token)
+        self.exp_dir = experiment_dir(spec)  # in the sweep's storage: a local folder or a URI
+        self.trials = self.exp_dir.child("trials")  # each trial's checkpoints and its ranks' traces
+        self.lease = lease  # the sweep's lock on a URI (`sweep_lock`): lost, the sweep halts
+        self.tune = tune if tune is not None else RayTune(spec, storage(spec), self.token)
         self.measure, self.clock = speed_of_light, clock
         self.callback = SweepCallback(self)  # what Tune calls (pickled as a reference to this one: `live`)
         self.parent = saved.parent_run_id if saved is not None else ""
@@ -210,6 +213,8 @@ class SweepController:
         over = getattr(self.tune.waits, "over", "")
         if over and self.unfinished():
             self.halt(over)
+        if self.lease is not None and self.lease.lost:  # another driver may run the sweep now: stop, resumable
+            self.halt(f"the sweep's lock was lost ({self.lease.lost})")
 
     def halt(self, why: str) -> None:
         """Stop the sweep, resumable: the trials still running run again when it is resumed."""
@@ -311,9 +316,12 @@ class SweepController:
 
     def _record(self, row: TrialRow, tags: dict[str, str]) -> dict[str, Any]:
         """Its ranks' traces and its end on its MLflow run; an OOM's bound on the search (its knobs, returned)."""
-        traces = trace_dir(self.tune.trials_dir, f"{self.spec.name}-{row.trial_id}")
-        if Path(traces).is_dir():  # each rank's trace of its last warm-up steps (trainables.trace)
-            self.tracker.log_files(row.trial_id, traces, "trace")
+        traces = f"{self.spec.name}-{row.trial_id}/traces"  # each rank's trace of its last warm-up steps (trainables.trace)
+        try:
+            if self.trials.exists(traces):  # in the storage, from whatever node each rank ran on
+                self.tracker.log_files(row.trial_id, self.trials.child(traces), "trace")
+        except OSError as exc:  # the storage did not answer (a StorageError): the trial's figures still stand
+            self.echo(f"WARNING: could not look for trial {row.number}'s traces ({exc})")
         self.tracker.end_trial(row.trial_id, row.status in (*MEASURED, "pruned"), row.status, row.reason, tags)
         row.run_id = row.run_id or self.tracker.run_id(row.trial_id)
         knobs = knobs_of(self.spec, row) if row.status == "oom" else {}

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from sweeps.results.outcome import at_word
 from trainables.loop_errors import DivergedError, UnsupportedError, WorkloadError
+from trainables.storage import Storage
 
 # Each kind, what it means and what follows (the documentation's exit-codes page is generated from this).
 KIND_MEANING: dict[str, str] = {
@@ -193,34 +194,36 @@ TUNE_FAILURE_LOGGER = "ray.tune.execution.tune_controller"
 
 
 class TracebacksToFile(logging.Filter):
-    """Move Ray Tune's "Trial task failed" tracebacks off the console into `path`, the sweep's own log.
+    """Move Ray Tune's "Trial task failed" tracebacks off the console into the sweep's own log.
 
-    Every other record of the logger passes unchanged."""
+    The log is the file `key` of `st` (a local folder or a URI: `trainables.storage`). Every other record of the logger passes unchanged."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, st: Storage, key: str) -> None:
         super().__init__()
-        self.path, self.written = path, 0
+        self.st, self.key, self.written = st, key, 0
+        self.shown = st.child(key)  # the file, as it may be printed
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not str(record.msg).startswith("Trial task failed"):
             return True
+        text = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {record.getMessage()}\n"
+        if record.exc_info:
+            text += "".join(traceback.format_exception(*record.exc_info)) + "\n"
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "a") as f:
-                f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {record.getMessage()}\n")
-                if record.exc_info:
-                    f.write("".join(traceback.format_exception(*record.exc_info)) + "\n")
-        except OSError:  # nowhere to keep it: the console keeps it rather than lose it
+            self.st.append_text(self.key, text)
+        except OSError:  # nowhere to keep it (a StorageError too): the console keeps it rather than lose it
             return True
         self.written += 1
         return False
 
 
 @contextlib.contextmanager
-def tracebacks_to(path: Path) -> Iterator[TracebacksToFile]:
-    """While inside, each failed trial's Tune traceback goes to `path` instead of the console."""
+def tracebacks_to(st: Storage | Path, key: str = "") -> Iterator[TracebacksToFile]:
+    """Send each failed trial's Tune traceback, while inside, to the sweep's log instead of the console.
+
+    The log is the file `key` of `st`, or the file `st` (a local path)."""
     tune_logger = logging.getLogger(TUNE_FAILURE_LOGGER)
-    moved = TracebacksToFile(path)
+    moved = TracebacksToFile(st, key) if isinstance(st, Storage) else TracebacksToFile(Storage(str(st.parent)), st.name)
     tune_logger.addFilter(moved)
     try:
         yield moved

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 
 import ray
 
+from sweeps.exits import StorageProblem
 from sweeps.results.outcome import SweepOutcome
 from sweeps.results.report import load_outcome
 from sweeps.service.connect import connect_ray, sigterm_as_sigint
@@ -27,6 +29,7 @@ from sweeps.service.saved_state import (
     job_banner,
     nothing_left,
     outputs_root,
+    storage,
     sweep_lock,
 )
 from sweeps.service.shared_storage import refuse_unshared_storage
@@ -34,8 +37,10 @@ from sweeps.service.trial import start_train_coordinator
 from sweeps.spec import SpecError, SweepSpec, parse_spec
 from sweeps.store import absolute_uri
 from sweeps.tracking import SweepTracker
+from trainables.storage import Storage, StorageError
 
 TRACEBACKS_FILE = "trial-tracebacks.log"  # beside sweep.json: Ray Tune's traceback of each failed trial
+PENDING_FILE = "mlflow-pending.jsonl"  # beside sweep.json: the tracking calls MLflow never took
 
 
 def echo_stdout(line: str) -> None:
@@ -49,19 +54,32 @@ def run_sweep(spec: SweepSpec, spec_text: str, echo: Callable[[str], None] = ech
     A sweep of the same name and spec already in `storage_path` is resumed; one that already ended
     (`nothing_left`) is left alone: its outcome is read back from MLflow (`from_store`), and Ray does not start.
     Another spec under that name is refused (`SweepExists`); `restart` moves the old one aside and starts afresh.
-    The sweep's lock is held throughout: a second run of it refuses at once (`SweepLocked`)."""
+    The sweep's lock is held throughout: a second run of it refuses at once (`SweepLocked`). A `storage_path` URI
+    that cannot be reached or written fails first, before Ray starts (`StorageProblem`)."""
     uri = spec.tracking.resolved_uri()
+    st = storage(spec)
     if in_uploaded_job():  # the job's working directory is a temporary copy of the upload
         uri = absolute_uri(uri, outputs_root())
         echo(job_banner(experiment_dir(spec), uri, outputs_root()))
-    with sweep_lock(spec):
+    try:
+        if not st.is_local:  # a local folder is made and checked by the lock, as before
+            st.check_writable()
+        return _locked(spec, spec_text, echo, restart, uri, st)
+    except StorageError as exc:  # one line naming the URI (and the credentials variables where they are the cause)
+        raise StorageProblem(str(exc)) from None
+
+
+def _locked(spec: SweepSpec, spec_text: str, echo: Callable[[str], None], restart: bool, uri: str,
+            st: Storage) -> SweepOutcome:
+    """`run_sweep` under the sweep's lock."""
+    with sweep_lock(spec) as lease:
         state = SweepState.find(spec, spec_text, restart=restart, echo=echo)
         if state is not None and state.prices is not None and spec.cost is not None and spec.cost.saved() != state.prices:
             echo(f"cost.price_file ({spec.cost.price_file}) says other prices than when this sweep started; the "
                  "sweep keeps the prices it started with, so that its trials compare (start a new sweep for the new ones)")
             spec = parse_spec(spec_text, prices=state.prices).model_copy(update={"storage_path": spec.storage_path})
         # Before Ray starts: a dead MLflow server or an unusable store fails here, in seconds (sweeps.store).
-        tracker = SweepTracker(uri, spec.tracking.experiment or spec.name, experiment_dir(spec) / "mlflow-pending.jsonl")
+        tracker = SweepTracker(uri, spec.tracking.experiment or spec.name, (st, f"{spec.name}/{PENDING_FILE}"))
         if state is not None and not tracker.has_run(state.parent_run_id):
             # e.g. its mlflow.db was deleted to start afresh: resuming would fail at the first trial
             raise SweepExists(f"the sweep {spec.name} in {experiment_dir(spec)} was tracked as MLflow run "
@@ -79,8 +97,8 @@ def run_sweep(spec: SweepSpec, spec_text: str, echo: Callable[[str], None] = ech
             with sigterm_as_sigint():  # after ray.init, whose own SIGTERM handler aborts the process
                 if started_ray:  # this machine is the whole cluster: no autoscaler will bring more
                     refuse_if_never_fits(spec, ray.cluster_resources())
-                else:  # a cluster's nodes may share no disk: every one must see the sweep's storage
-                    refuse_unshared_storage(experiment_dir(spec).parent)
+                elif st.is_local:  # a cluster's nodes may share no disk: every one must see the sweep's storage
+                    refuse_unshared_storage(Path(st.uri()))
                 try:  # every accelerator type the trials are pinned to, on some node
                     refuse_missing_types(spec, ray.nodes())
                 except SpecError as exc:
@@ -90,12 +108,12 @@ def run_sweep(spec: SweepSpec, spec_text: str, echo: Callable[[str], None] = ech
                     # for label selectors): said, not refused
                     echo(f"WARNING: {exc.problems[0].message}; its trials wait until the autoscaler adds one")
                 start_train_coordinator()
-                with tracebacks_to(experiment_dir(spec) / TRACEBACKS_FILE) as moved:  # one line a failed trial
+                with tracebacks_to(st, f"{spec.name}/{TRACEBACKS_FILE}") as moved:  # one line a failed trial
                     try:
-                        return SweepController(spec, spec_text, echo, state, tracker).run()
+                        return SweepController(spec, spec_text, echo, state, tracker, lease=lease).run()
                     finally:
                         if moved.written:
-                            echo(f"Ray Tune's traceback of each failed trial ({moved.written}): {moved.path}")
+                            echo(f"Ray Tune's traceback of each failed trial ({moved.written}): {moved.shown}")
         finally:
             if started_ray:
                 ray.shutdown()

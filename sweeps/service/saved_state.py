@@ -1,4 +1,7 @@
-"""What a sweep keeps on disk to be resumed: `<storage_path>/<name>/sweep.json`.
+"""What a sweep keeps in its storage to be resumed: `<storage_path>/<name>/sweep.json`.
+
+`storage_path` is a local folder or a URI; every read and write there goes through `trainables.storage.Storage`
+(`storage(spec)`).
 
 It records the spec (its text and a hash of its validated form), the MLflow parent run and
 the token that ties the sweep's searcher, stopper and callback together. Ray Tune keeps the
@@ -11,7 +14,6 @@ left to run: one that already ended is not run again.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -20,15 +22,18 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from sweeps.exits import InputError
+from sweeps.exits import InputError, StorageProblem
 from sweeps.results.outcome import OUT_OF_TIME, UNFINISHED, TrialRow
 from sweeps.spec import SpecError, SweepSpec, parse_spec
 from sweeps.store import shown_uri, sqlite_path
+from trainables.storage import LockHeld, Storage, StorageError, is_uri
+from trainables.storage_lease import Lease
 
 STATE_FILE = "sweep.json"
 
@@ -41,47 +46,41 @@ class SweepLocked(InputError):
     """Another process is running this sweep (it holds the sweep's lock)."""
 
 
-def lock_path(spec: SweepSpec) -> Path:
-    """`<storage_path>/<name>.lock`: beside the sweep's folder, not in it (`--restart` moves the folder)."""
-    return storage_root(spec.storage_path) / f"{spec.name}.lock"
+def lock_key(spec: SweepSpec) -> str:
+    """`<name>.lock` at the storage root: beside the sweep's folder, not in it (`--restart` moves the folder)."""
+    return f"{spec.name}.lock"
 
 
 @contextlib.contextmanager
-def sweep_lock(spec: SweepSpec) -> Iterator[None]:
+def sweep_lock(spec: SweepSpec) -> Iterator[Lease | None]:
     """Hold the sweep's lock for as long as it runs.
 
-    A second `run` or `resume` of it, from any process on a machine that shares the storage path's file locks,
-    is refused at once (`SweepLocked`, naming the holder). The operating system releases the lock when the
-    holding process ends, however it ends; the file stays, holding the last holder's name."""
-    path = lock_path(spec)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise InputError(f"storage_path: cannot write {path.parent} ({exc.strerror}); point storage_path at a "
-                         "writable folder") from None
-    try:
+    A second `run` or `resume` of it is refused at once (`SweepLocked`, naming the holder). On a local folder, from
+    any process on a machine that shares its file locks: the operating system releases the lock when the holding
+    process ends, however it ends; the file stays, holding the last holder's name. On a URI, from any machine: a
+    lease (`trainables.storage_lease`), yielded, whose `lost` says if another process took it."""
+    st = storage(spec)
+    holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+              "command": " ".join(["sweeps", *sys.argv[1:]]) if sys.argv[1:] else "sweeps"}
+    with ExitStack() as stack:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise SweepLocked(f"sweep {spec.name} is already running: {_holder(path)}. Wait for it to end, or stop "
-                              f"it (Ctrl+C there, or kill -TERM its pid; it stays resumable) and then: "
+            lease = stack.enter_context(st.lock(lock_key(spec), holder))
+        except LockHeld as held:
+            expiry = (f"; its lease was renewed {held.age_s:.0f}s ago, and a driver killed outright frees it after "
+                      f"{held.ttl_s:.0f}s" if held.age_s is not None and held.ttl_s is not None else "")
+            raise SweepLocked(f"sweep {spec.name} is already running: {_holder(held.holder)}{expiry}. Wait for it to "
+                              f"end, or stop it (Ctrl+C there, or kill -TERM its pid; it stays resumable) and then: "
                               f"{resume_command(spec)}; to run this spec beside it, give it another name") from None
-        holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                  "command": " ".join(["sweeps", *sys.argv[1:]]) if sys.argv[1:] else "sweeps"}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(holder).encode(), 0)
-        yield
-    finally:
-        os.close(fd)
+        except StorageError as exc:
+            raise StorageProblem(str(exc)) from None
+        except OSError as exc:
+            raise InputError(f"storage_path: cannot write {st} ({exc.strerror}); point storage_path at a "
+                             "writable folder") from None
+        yield lease
 
 
-def _holder(path: Path) -> str:
-    """Who holds the lock at `path`, as its holder wrote it."""
-    try:
-        h = json.loads(path.read_text() or "{}")
-    except (OSError, ValueError):
-        h = {}
+def _holder(h: dict[str, Any]) -> str:
+    """Who holds the lock, as its holder wrote it."""
     if not h:
         return "another process holds its lock"
     return f"pid {h.get('pid')} on host {h.get('host')} since {h.get('since')} (`{h.get('command')}`)"
@@ -122,16 +121,18 @@ def outputs_root() -> Path:
     return Path(os.environ.get("SWEEPS_HOME") or Path.home() / "sweeps").resolve()
 
 
-def job_banner(state_dir: Path, uri: str, root: Path) -> str:
+def job_banner(state_dir: Storage | Path, uri: str, root: Path) -> str:
     """Say what a sweep says first inside a `ray job submit --working-dir` job: where its state and store live.
 
     The job's working directory is a temporary copy of the upload, so the banner names where the sweep's state
     and its MLflow store live. `uri` is the store as the sweep opens it (a relative sqlite path made absolute
     under `root`, the job's `outputs_root()`)."""
     home = f"$SWEEPS_HOME ({root}, default ~/sweeps) on this node"
-    inside = state_dir.is_relative_to(root)
-    said = (f"inside a Ray job: the sweep's state ({state_dir}) lives outside the job's temporary working copy, "
-            f"{'under ' + home if inside else 'where storage_path says, on this node'}. ")
+    state_dir = _folder(state_dir)
+    inside = state_dir.is_local and Path(state_dir.uri()).is_relative_to(root)
+    where = "under " + home if inside else "where storage_path says, on this node" if state_dir.is_local else \
+        "in that storage, and nothing of it stays on this node"
+    said = f"inside a Ray job: the sweep's state ({state_dir}) lives outside the job's temporary working copy, {where}. "
     db = sqlite_path(uri)
     if db is not None:
         where = ("there too" if inside else f"under {home}") if db.is_relative_to(root) else \
@@ -150,9 +151,10 @@ def job_banner(state_dir: Path, uri: str, root: Path) -> str:
     return said + f"Its MLflow store is {shown_uri(uri)}"
 
 
-def storage_root(storage_path: str) -> Path:
-    """The folder a `storage_path` names (relative: under `outputs_root()`)."""
-    return (outputs_root() / storage_path).resolve()
+def storage(spec_or_path: SweepSpec | str) -> Storage:
+    """The storage a `storage_path` names: a URI, or a local folder (relative: under `outputs_root()`)."""
+    path = spec_or_path if isinstance(spec_or_path, str) else spec_or_path.storage_path
+    return Storage(path, base=outputs_root())
 
 
 def same_spec(saved_text: str, spec: SweepSpec, prices: dict[str, Any] | None = None) -> bool:
@@ -167,12 +169,17 @@ def same_spec(saved_text: str, spec: SweepSpec, prices: dict[str, Any] | None = 
         return False
 
 
-def experiment_dir(spec: SweepSpec) -> Path:
-    return storage_root(spec.storage_path) / spec.name
+def _folder(where: Storage | Path) -> Storage:
+    return where if isinstance(where, Storage) else Storage(str(where))
+
+
+def experiment_dir(spec: SweepSpec) -> Storage:
+    """The sweep's folder in its storage (printed as its path, or its URI with any secret masked)."""
+    return storage(spec).child(spec.name)
 
 
 def resume_command(spec: SweepSpec) -> str:
-    where = storage_root(spec.storage_path) if in_uploaded_job() else spec.storage_path
+    where = storage(spec) if in_uploaded_job() and not is_uri(spec.storage_path) else spec.storage_path
     return f"sweeps resume {spec.name} --storage-path {where}"
 
 
@@ -188,46 +195,45 @@ class SweepState:
     # it concluded (a driver killed outright leaves None: its cost is not known)}
     drivers: list[dict[str, Any]] = field(default_factory=list)
 
-    def write(self, exp_dir: Path) -> None:
-        exp_dir.mkdir(parents=True, exist_ok=True)
+    def write(self, exp_dir: Storage | Path) -> None:
+        """Into the sweep's folder (`experiment_dir`), whole: a kill never leaves half a file."""
         if not self.spec_sha256:
             self.spec_sha256 = spec_digest(parse_spec(self.spec_text, prices=self.prices))
-        tmp = exp_dir / (STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2))
-        tmp.replace(exp_dir / STATE_FILE)  # atomic: a kill never leaves half a file
+        _folder(exp_dir).write_text(STATE_FILE, json.dumps(asdict(self), indent=2))
 
     @classmethod
-    def read(cls, exp_dir: Path) -> SweepState:
-        return cls(**json.loads((exp_dir / STATE_FILE).read_text()))
+    def read(cls, exp_dir: Storage | Path) -> SweepState:
+        return cls(**json.loads(_folder(exp_dir).read_text(STATE_FILE)))
 
     @classmethod
     def find(cls, spec: SweepSpec, spec_text: str, restart: bool = False,
              echo: Callable[[str], None] = print) -> SweepState | None:
         """The state of this sweep to resume, None to start afresh; SweepExists for a clash."""
-        exp_dir = experiment_dir(spec)
-        if not exp_dir.exists():
+        st, name = storage(spec), spec.name
+        exp_dir = st.child(name)
+        if not st.exists(name):
             return None
         if restart:
-            aside = exp_dir.with_name(f"{spec.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
-            exp_dir.rename(aside)
-            echo(f"moved the earlier sweep {spec.name} aside to {aside}; starting afresh")
+            aside = f"{name}.old-{time.strftime('%Y%m%d-%H%M%S')}"
+            st.move(name, aside)
+            echo(f"moved the earlier sweep {name} aside to {st.child(aside)}; starting afresh")
             return None
         how = (f"To continue that one: {resume_command(spec)}. "
-               f"To start this one: rename it (name: {spec.name}-2) or run it with --restart, which moves the old "
+               f"To start this one: rename it (name: {name}-2) or run it with --restart, which moves the old "
                f"one aside")
-        if not (exp_dir / STATE_FILE).exists():
-            if (exp_dir / "tuner.pkl").exists():
+        if not st.exists(name, STATE_FILE):
+            if st.exists(name, "tuner.pkl"):
                 raise SweepExists(f"{exp_dir} holds a Ray Tune experiment that is not a sweep of this tool. "
-                                  f"Rename the sweep (name: {spec.name}-2) or run it with --restart")
+                                  f"Rename the sweep (name: {name}-2) or run it with --restart")
             return None
         state = cls.read(exp_dir)
         if not same_spec(state.spec_text, spec, state.prices):
-            raise SweepExists(f"a different sweep named {spec.name!r} already exists in {exp_dir} (its spec differs). {how}.")
+            raise SweepExists(f"a different sweep named {name!r} already exists in {exp_dir} (its spec differs). {how}.")
         from ray import tune
 
-        if not tune.Tuner.can_restore(str(exp_dir)):
-            echo(f"the earlier run of {spec.name} stopped before Ray Tune saved any state; starting it afresh")
-            exp_dir.rename(exp_dir.with_name(f"{spec.name}.old-{time.strftime('%Y%m%d-%H%M%S')}"))
+        if not tune.Tuner.can_restore(st.uri(name)):
+            echo(f"the earlier run of {name} stopped before Ray Tune saved any state; starting it afresh")
+            st.move(name, f"{name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
             return None
         return state
 
@@ -272,14 +278,14 @@ def nothing_left(spec: SweepSpec, state: SweepState, client: Any) -> str:
     parent = client.get_run(state.parent_run_id)
     if parent.info.status not in CONCLUDED:  # the common case, a stopped sweep: nothing more to read
         return ""
-    statuses = tune_statuses(experiment_dir(spec))
+    statuses = tune_statuses(storage(spec).uri(spec.name))
     if statuses is None:
         return ""
     rows = rows_from_runs(child_runs(client, parent.info.experiment_id, state.parent_run_id))
     return why_ended(spec.budget.num_trials, parent.info.status, parent.data.tags, rows, statuses)
 
 
-def tune_statuses(exp_dir: Path) -> list[str] | None:
+def tune_statuses(exp_dir: str) -> list[str] | None:
     """Return the status of every trial in Ray Tune's saved experiment state; None when Tune saved none.
 
     PENDING, RUNNING, PAUSED, TERMINATED or ERROR, read through Tune's public `ExperimentAnalysis`."""
@@ -290,7 +296,7 @@ def tune_statuses(exp_dir: Path) -> list[str] | None:
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
-        return [str(t.status) for t in ExperimentAnalysis(str(exp_dir)).trials]
+        return [str(t.status) for t in ExperimentAnalysis(exp_dir).trials]
     except ValueError:  # "No experiment snapshot file ... was found"
         return None
     finally:
@@ -299,12 +305,11 @@ def tune_statuses(exp_dir: Path) -> list[str] | None:
 
 def load_for_resume(storage_path: str, name: str) -> tuple[SweepSpec, str]:
     """The spec of sweep `name` saved under `storage_path`, for `sweeps resume`."""
-    root = storage_root(storage_path)
-    exp_dir = root / name
-    if not (exp_dir / STATE_FILE).exists():
-        found = sorted(p.parent.name for p in root.glob(f"*/{STATE_FILE}"))
+    root = storage(storage_path)
+    if not root.exists(name, STATE_FILE):
+        found = [n for n in root.list() if root.exists(n, STATE_FILE)]
         raise SweepExists(f"no sweep named {name!r} in {root}"
                           + (f"; sweeps there: {', '.join(found)}" if found else "") + ". Check --storage-path")
-    state = SweepState.read(exp_dir)
-    spec = parse_spec(state.spec_text, f"{exp_dir / STATE_FILE}", prices=state.prices)
-    return spec.model_copy(update={"storage_path": str(root)}), state.spec_text
+    state = SweepState.read(root.child(name))
+    spec = parse_spec(state.spec_text, f"{root.child(name, STATE_FILE)}", prices=state.prices)
+    return spec.model_copy(update={"storage_path": root.uri()}), state.spec_text

@@ -6,15 +6,14 @@ failure rules, not MLflow, Optuna or the report code (about 1 s less per trial o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
 import os
-import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ray import tune
@@ -25,6 +24,7 @@ from sweeps.service.resources import TRAIN_RUN_ENV
 from sweeps.spec import ScalingSpec, SweepSpec
 from trainables.contract import CHECKPOINT_FILE, FINAL, TrialConfig
 from trainables.ray_worker import quiet_ray_exit
+from trainables.storage import Storage
 
 logger = logging.getLogger(__name__)
 
@@ -278,13 +278,13 @@ def warm_reports(pool: Any, trial_id: str, cfg: TrialConfig, checkpoint_dir: str
                 return
 
 
-def _run_warm(pool: Any, trial_id: str, cfg: TrialConfig, checkpoint_dir: Path, resume_from: str | None) -> None:
+def _run_warm(pool: Any, trial_id: str, cfg: TrialConfig, checkpoint_dir: str, resume_from: str | None) -> None:
     """Pass a warm group's reports for the trial to Tune until the final one."""
     import ray
 
     finished = False
     try:
-        for metrics in warm_reports(pool, trial_id, cfg, str(checkpoint_dir), resume_from):
+        for metrics in warm_reports(pool, trial_id, cfg, checkpoint_dir, resume_from):
             tune.report(metrics)
             finished = metrics.get(FINAL) == 1
     finally:
@@ -293,8 +293,10 @@ def _run_warm(pool: Any, trial_id: str, cfg: TrialConfig, checkpoint_dir: Path, 
 
 
 def trace_dir(storage_path: str, name: str) -> str:
-    """Where a trial's ranks keep their traces: beside its checkpoints, in the sweep's folder."""
-    return str(Path(storage_path, name, "traces").absolute())
+    """Return where a trial's ranks keep their traces: beside its checkpoints, in the sweep's storage.
+
+    A path or a URI: each rank uploads its own from the node it ran on (`trainables.trace`)."""
+    return Storage(storage_path).uri(name, "traces")
 
 
 def run_trial(config: dict[str, Any], spec: SweepSpec, storage_path: str, pool: Any = None,
@@ -314,10 +316,11 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, storage_path: str, pool: 
     # each rank's trace goes beside the trial's checkpoints; the sweep logs it to the trial's run (`trace_dir`)
     cfg = dataclasses.replace(resolve_trial(spec, config), trace_dir=trace_dir(storage_path, name))
     over = True
-    warm_checkpoint = Path(storage_path, name, "checkpoint_warm")
-    # A trial run again after a halt or a killed driver continues from the checkpoint it kept (cold
-    # mode: Ray Train finds it under the same run name).
-    resume_from = str(warm_checkpoint) if (warm_checkpoint / CHECKPOINT_FILE).exists() else None
+    trials = Storage(storage_path)  # a local folder or a URI: the same from every node
+    warm_checkpoint = trials.uri(name, "checkpoint_warm")  # rank 0 uploads it from its node (`QueueReporter`)
+    # A trial run again after a halt, a killed driver or on another node continues from the checkpoint it kept
+    # (cold mode: Ray Train finds it under the same run name).
+    resume_from = warm_checkpoint if trials.exists(name, "checkpoint_warm", CHECKPOINT_FILE) else None
     try:
         for attempt in range(spec.budget.max_retries + 1):
             try:
@@ -339,5 +342,6 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, storage_path: str, pool: 
                     raise TrialFailure(kind, reason) from None
                 logger.warning("trial %s attempt %d: %s (%s); retrying", trial_id, attempt + 1, kind, reason)
     finally:  # the trial is over: its checkpoints go (a halted or killed sweep keeps them for resume)
-        for path in Path(storage_path, name).glob("checkpoint_*") if over else ():
-            shutil.rmtree(path, ignore_errors=True)
+        with contextlib.suppress(OSError):  # a store that does not answer now: what is left costs space, no result
+            for kept in trials.list(name, "checkpoint_*") if over else ():
+                trials.delete(name, kept)

@@ -13,7 +13,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import ray
@@ -28,6 +27,7 @@ from sweeps.service.resources import DRIVER_RESOURCES
 from sweeps.service.trial import run_trial
 from sweeps.service.waits import PoolStarts, RayCluster, WaitWatcher, free_for_sweep
 from sweeps.spec import SweepSpec
+from trainables.storage import Storage
 
 # Tune hands the next trial to the finished trial's actor (same resources: always here) instead of
 # starting a new process: ~1 s less per trial on 2 vCPU (benchmarks/sweep_overhead.py). The Train
@@ -59,8 +59,9 @@ class PoolQueue:
 class RayTune:
     """One sweep run's Ray and Tune: started by `start`, ended by `join`."""
 
-    def __init__(self, spec: SweepSpec, exp_dir: Path, token: str) -> None:
-        self.spec, self.exp_dir, self.token = spec, exp_dir, token
+    def __init__(self, spec: SweepSpec, storage: Storage, token: str) -> None:
+        """`storage`: the root of the sweep's storage (`storage_path`: a local folder or a URI)."""
+        self.spec, self.storage, self.token = spec, storage, token
         self.pool: WarmPool | None = None
         self.queue: PoolQueue | None = None  # the warm pool's queue, when the sweep has one
         self.waits: WaitWatcher | None = None  # what the sweep waits for while other work holds its resources
@@ -88,8 +89,8 @@ class RayTune:
 
     @property
     def trials_dir(self) -> str:
-        """Where the trials keep their checkpoints and traces."""
-        return str(self.exp_dir / "trials")
+        """Where the trials keep their checkpoints and traces: a path or a URI (Ray Train's storage_path)."""
+        return self.storage.uri(self.spec.name, "trials")
 
     def cluster(self) -> dict[str, float]:
         """The cluster's resources."""
@@ -110,15 +111,16 @@ class RayTune:
                                  pool=self.pool.queue if self.pool is not None else None, workdir=self.workdir),
             DRIVER_RESOURCES)
         if restore:
-            return tune.Tuner.restore(str(self.exp_dir), trainable=trainable, resume_unfinished=True,
+            return tune.Tuner.restore(self.storage.uri(spec.name), trainable=trainable, resume_unfinished=True,
                                       resume_errored=False)
+        storage_path, filesystem = self.storage.ray_storage()
         return tune.Tuner(
             trainable,
             tune_config=tune.TuneConfig(search_alg=make_searcher(spec), scheduler=make_scheduler(spec),
                                         num_samples=spec.budget.num_trials,
                                         max_concurrent_trials=spec.budget.max_concurrent_trials,
                                         time_budget_s=spec.budget.time_budget_s, reuse_actors=REUSE_TRIAL_ACTORS),
-            run_config=tune.RunConfig(name=spec.name, storage_path=str(self.exp_dir.parent), verbose=0,
+            run_config=tune.RunConfig(name=spec.name, storage_path=storage_path, storage_filesystem=filesystem, verbose=0,
                                       callbacks=[callback, CSVLoggerCallback(), JsonLoggerCallback()],
                                       stop=BreakerStopper()),
         )

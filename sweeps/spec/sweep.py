@@ -33,6 +33,8 @@ from trainables.loop_errors import WorkloadError
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # matched whole (fullmatch): "abc\n" is refused
 _URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")  # s3://, gs://, file://, ...
+# what pyarrow.fs.FileSystem.from_uri opens (and so Ray Tune, which opens storage_path the same way)
+_STORAGE_SCHEMES = ("file", "s3", "gs", "gcs", "abfs", "abfss", "hdfs", "viewfs")
 
 
 class SweepSpec(BaseModel):
@@ -56,9 +58,9 @@ class SweepSpec(BaseModel):
     quality: QualitySpec = Field(default_factory=QualitySpec, description="the convergence guardrail at equal data")
     cost: CostSpec | None = Field(default=None, description="what each accelerator type costs per device-hour, with "
                                   "the date and source of each price: the money figures (none without it)")
-    storage_path: str = Field(default="ray_results", description="a filesystem path (on a cluster: one every node mounts; "
-                              "not a URI) where the sweep keeps its state (sweep.json, Tune's "
-                              "experiment, trial checkpoints) and its lock; relative: to the working directory, or "
+    storage_path: str = Field(default="ray_results", description="a filesystem path (on a cluster: one every node mounts) "
+                              "or a URI (s3://bucket/prefix, gs://...) where the sweep keeps its state (sweep.json, Tune's "
+                              "experiment, trial checkpoints and traces) and its lock; relative: to the working directory, or "
                               "inside a `ray job submit --working-dir` job to $SWEEPS_HOME (default ~/sweeps)")
     data_dir: str = setting_field("data_dir")
     seed: int = setting_field("seed")
@@ -90,13 +92,14 @@ class SweepSpec(BaseModel):
     @field_validator("storage_path")
     @classmethod
     def _a_path(cls, path: str) -> str:
-        """A URI here once became a local folder named after it (`./s3:/bucket/...`) without a word: refused."""
-        if _URI.match(path):
+        """A local path, or a URI of a filesystem pyarrow opens (the sweep's storage layer, `trainables.storage`);
+        any other scheme would fail only once Ray started: refused here with the schemes that work."""
+        scheme = _URI.match(path)
+        if scheme and scheme.group(0)[:-3].lower() not in _STORAGE_SCHEMES:
             raise ValueError(
-                f"{path!r} is a URI, and the sweep keeps its state, Tune's experiment, checkpoints and traces on a "
-                "filesystem path: give a path that every node mounts at the same place (NFS, EFS, Filestore, a "
-                "Kubernetes volume), e.g. /mnt/sweeps; an object store is for MLflow's artifacts "
-                "(`mlflow server --artifacts-destination s3://...`)")
+                f"{path!r}: the scheme {scheme.group(0)[:-3]!r} is not a filesystem the sweep can keep its state on: "
+                f"give a local path (on a cluster: one every node mounts) or a URI with one of "
+                f"{', '.join(s + '://' for s in _STORAGE_SCHEMES)} (e.g. s3://bucket/sweeps)")
         return path
 
     @field_validator("name")

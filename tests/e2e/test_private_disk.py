@@ -109,3 +109,52 @@ def test_a_local_storage_path_a_node_cannot_see_is_refused_before_the_first_tria
     assert "(node " in last and ": No such file or directory)" in last and "every node mounts at the same path" in last
     assert "[trial " not in run.stdout, run.stdout[-3000:]  # before the first trial
     print(f"refused in {took:.1f} s")
+
+
+S3_SPEC = """\
+name: private-disk-s3
+trainable: {{name: mlp-tabular, params: {{num_train_rows: 1024}}}}
+space: {{batch_size: 16, num_dataloader_workers: 0, pin_memory: false}}
+budget: {{num_trials: 2, num_steps: 8, num_warmup_steps: 4, report_interval_s: 0.5, checkpoint_every_steps: 2}}
+scaling: {{num_workers: 1, cpus_per_worker: 2}}
+telemetry: {{period_s: 0, trace_steps: 2}}
+tracking: {{uri: "sqlite:///{db}"}}
+storage_path: '{storage}'
+"""
+
+
+def test_with_s3_storage_each_worker_node_ranks_trace_and_checkpoint_reach_the_store(two_disks: dict[str, str]) -> None:
+    """The same cluster with `storage_path` on S3: each rank runs on the worker node (2 CPUs: only it fits one),
+    its trace reaches MLflow through the bucket, and its warm checkpoint reaches the bucket (removed there once
+    the trial ended)."""
+    from mlflow.tracking import MlflowClient
+
+    from tests.helpers.s3_server import s3_server
+
+    tmp = Path(two_disks["tmp"])
+    with s3_server() as s3:
+        uri = s3.uri("sweeps").replace("s3://", "s3://testing:testing@", 1)  # the nodes started without the variables
+        spec = tmp / "s3.yaml"
+        spec.write_text(S3_SPEC.format(db=tmp / "mlflow-s3.db", storage=uri))
+        env = {**os.environ, "RAY_ADDRESS": two_disks["address"], "RAY_AUTH_MODE": "token",
+               "RAY_AUTH_TOKEN_PATH": two_disks["RAY_AUTH_TOKEN_PATH"], "PYTHONPATH": str(REPO)}
+        seen: set[str] = set()
+        with subprocess.Popen([sys.executable, "-m", "sweeps", "run", str(spec)], cwd=tmp, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as run:
+            deadline = time.monotonic() + 300
+            while run.poll() is None and time.monotonic() < deadline:  # a warm checkpoint, while its trial runs
+                seen |= {k for k in s3.keys("sweeps/") if k.endswith("checkpoint_warm/state.pt")}
+                time.sleep(0.3)
+            out = run.communicate(timeout=60)[0]
+        assert run.returncode == 0, out[-3000:]
+        keys = s3.keys("sweeps/")
+    assert seen, f"no warm checkpoint reached the bucket: {keys}"
+    assert not any("checkpoint_" in k for k in keys), keys  # removed once each trial ended
+    assert len([k for k in keys if "/traces/" in k]) == 2, keys
+    client = MlflowClient(f"sqlite:///{tmp / 'mlflow-s3.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("private-disk-s3").experiment_id],
+                              "tags.`sweep.trial_id` != ''")
+    assert len(runs) == 2
+    for r in runs:  # the worker node's rank's trace, through the bucket
+        assert [a.path for a in client.list_artifacts(r.info.run_id, "trace")] == ["trace/rank-0.pt.trace.json.gz"]
+    assert not (tmp / "s3:").exists() and not (REPO / "s3:").exists()

@@ -121,10 +121,9 @@ BAD = {
     "lr scaling rule": (BASE + "lr_scaling: {rule: cubic, reference_batch_size: 64}\n",
                         "lr_scaling.rule: Input should be 'linear', 'sqrt' or 'none'"),
     "lr scaling reference": (BASE + "lr_scaling: {rule: linear}\n", "lr_scaling.reference_batch_size: Field required"),
-    # once silently a local folder ./s3:/bucket/sweeps (issue 50): refused until the state can live on a URI
-    "storage on a uri": (BASE + "storage_path: s3://bucket/sweeps?endpoint_override=127.0.0.1:9000\n",
-                         "storage_path: 's3://bucket/sweeps?endpoint_override=127.0.0.1:9000' is a URI, and the sweep "
-                         "keeps its state"),
+    # a scheme pyarrow cannot open would fail only once Ray started
+    "storage on an unknown scheme": (BASE + "storage_path: ftp://host/sweeps\n",
+                                     "storage_path: 'ftp://host/sweeps': the scheme 'ftp' is not a filesystem"),
 }
 
 
