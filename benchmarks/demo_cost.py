@@ -39,14 +39,18 @@ from common import REPO, record, table
 
 _ETA = re.compile(r"^\[trial 1/\d+\] .*\| elapsed (\d+)s, ETA (\d+)s")
 _WALL = re.compile(r"^Sweep \S+ finished in (\d+)s: (\d+)/(\d+) trials ok")
-# what varies between two runs of one demo: measured numbers, run and trial ids, paths, the order of trials
-_VARIES = re.compile(r"[0-9a-f]{32}|[0-9a-f]{5}_[0-9]{5}|/tmp/\S+|[-+]?\d+(\.\d+)?")
+# what varies between two runs of one demo: run and trial ids, URLs' queries, paths, measured numbers, the
+# column widths they make; a verdict's words after its kind (what the trial measured decides them)
+_IDS = re.compile(r"[0-9a-f]{32}|\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{5,12}\b|\?\S+|/tmp/\S+")
+_NUMBER = re.compile(r"[-+]?\d+(\.\d+)?")
+_VERDICT = re.compile(r"^(.*?\b(?:trial #: |trial # is )[a-z-]+)[:;(].*$")
 
 
 def shape(lines: list[str]) -> list[str]:
-    """The demo's printed lines with what varies between runs masked (numbers, ids, paths), sorted: two runs of
-    the same code give the same shape whatever they measured (the searcher and the machine pick the order)."""
-    return sorted(_VARIES.sub("#", line).rstrip() for line in lines if line.strip())
+    """The demo's printed lines with what varies between runs masked, one each, sorted: two runs of the same code
+    give the same shape whatever they measured (the searcher and the machine pick the order and the verdicts)."""
+    masked = (_VERDICT.sub(r"\1", " ".join(_NUMBER.sub("#", _IDS.sub("#", line)).split())) for line in lines)
+    return sorted({m for m in masked if m})
 
 
 def run(mode: str, spec: Path, code: Path | None = None) -> dict[str, Any]:
