@@ -187,8 +187,9 @@ class CpuReader:
         self._psutil = psutil
         self.proc = psutil.Process()
         self._known: dict[int, Any] = {}
-        self._gone_s = 0.0  # CPU seconds of children that have ended (not yet reaped into children_*)
+        self._gone_s = 0.0  # CPU seconds of children seen alive that have ended since (reaped or not)
         self._last: dict[int, float] = {}
+        self._reaped0: float | None = None  # this process's children_* when the reader first counted
         self.proc.cpu_percent(None)
 
     def read(self) -> dict[str, float]:
@@ -210,7 +211,9 @@ class CpuReader:
         node = self._psutil.cpu_times()
         busy = sum(float(getattr(node, f, 0.0)) for f in ("user", "nice", "system", "irq", "softirq", "steal"))
         mine = self.proc.cpu_times()
-        own = mine.user + mine.system + mine.children_user + mine.children_system
+        reaped = mine.children_user + mine.children_system  # children that ended and were waited for
+        if self._reaped0 is None:
+            self._reaped0 = reaped
         seen: dict[int, float] = {}
         for child in children:
             try:
@@ -220,7 +223,10 @@ class CpuReader:
                 pass
         self._gone_s += sum(v for pid, v in self._last.items() if pid not in seen)  # ended since: kept
         self._last = seen
-        return {"node_busy_s": busy, "own_cpu_s": own + sum(seen.values()) + self._gone_s,
+        # An ended child is counted once: in `_gone_s` from when it is gone, in children_* from when it is reaped
+        # (with its last seconds): the larger of the two since the reader started, never their sum
+        ended = max(reaped - self._reaped0, self._gone_s)
+        return {"node_busy_s": busy, "own_cpu_s": mine.user + mine.system + self._reaped0 + ended + sum(seen.values()),
                 "node_cores": float(self._psutil.cpu_count() or 0)}
 
 
