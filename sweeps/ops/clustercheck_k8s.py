@@ -27,7 +27,8 @@ from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from sweeps.ops.clustercheck_mlflow import EnvValue, Fixes, is_server, server_findings
+from sweeps.ops.clustercheck_mlflow import Fixes, container_env, is_server, server_findings
+from sweeps.ops.clustercheck_storage import check_storage
 from sweeps.ops.findings import Finding
 
 GPU = "nvidia.com/gpu"
@@ -100,21 +101,6 @@ def _check_image(d: _Doc, path: str, image: Any, ray: str | None) -> None:
     if ray and official and tag and tag.split("-")[0] != ray:
         d.add("ray-version", f"{path}.image", f"image {ref!r} is not Ray {ray} (the installed Ray); use "
               f"rayproject/ray:{ray}-py311-gpu or an image built on it")
-
-
-def container_env(c: dict[str, Any], at: str) -> tuple[dict[str, EnvValue], bool]:
-    """A container's variables (by name) and whether `envFrom` brings a whole Secret."""
-    env = {}
-    for j, e in enumerate(c.get("env") or []):
-        if not isinstance(e, dict) or "name" not in e:
-            continue
-        ref = e.get("valueFrom") or {}
-        source = "literal" if "value" in e else "secret" if "secretKeyRef" in ref else (
-            "configmap" if "configMapKeyRef" in ref else "other")
-        path = f"{at}.env[{j}].value" if source == "literal" else f"{at}.env[{j}].valueFrom"
-        env[str(e["name"])] = EnvValue(str(e["value"]) if source == "literal" else None, source, path)
-    from_secret = any(isinstance(x, dict) and "secretRef" in x for x in c.get("envFrom") or [])
-    return env, from_secret
 
 
 _FROM_SECRET = "env: [{name: VAR, valueFrom: {secretKeyRef: {name: SECRET, key: KEY}}}], as cluster/team/ does"
@@ -274,8 +260,6 @@ def _replicas(doc: dict[str, Any]) -> tuple[int, str]:
 
 def check_manifests(docs: list[Any]) -> list[Finding]:
     """Every finding for the documents of one manifest file."""
-    from sweeps.ops.clustercheck_storage import check_storage
-
     ray = _installed_ray()
     objs = [doc for doc in docs if isinstance(doc, dict)]
     return [f for doc in objs for f in check_document(doc, ray)] + check_storage(objs)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 DEFAULT_WORKERS = 4  # mlflow/server/__init__.py (3.17): `workers or 4` for uvicorn and gunicorn
 DEFAULT_BACKEND = "sqlite:///mlflow.db"  # `mlflow server --help` (3.17): the backend store without a flag
@@ -140,3 +141,18 @@ def _secret_findings(env: dict[str, EnvValue], fixes: Fixes, env_from_secret: bo
             out.append((var.path, f"{name} is {where}: anyone who reads it can forge the server's logins; take it "
                         f"from a secret ({fixes.secret})"))
     return out
+
+
+def container_env(c: dict[str, Any], at: str) -> tuple[dict[str, EnvValue], bool]:
+    """A container's variables (by name) and whether `envFrom` brings a whole Secret."""
+    env = {}
+    for j, e in enumerate(c.get("env") or []):
+        if not isinstance(e, dict) or "name" not in e:
+            continue
+        ref = e.get("valueFrom") or {}
+        source = "literal" if "value" in e else "secret" if "secretKeyRef" in ref else (
+            "configmap" if "configMapKeyRef" in ref else "other")
+        path = f"{at}.env[{j}].value" if source == "literal" else f"{at}.env[{j}].valueFrom"
+        env[str(e["name"])] = EnvValue(str(e["value"]) if source == "literal" else None, source, path)
+    from_secret = any(isinstance(x, dict) and "secretRef" in x for x in c.get("envFrom") or [])
+    return env, from_secret

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from sweeps.ops.clustercheck_k8s import _Doc, _groups, container_env
+from sweeps.ops.clustercheck_mlflow import container_env
 from sweeps.ops.findings import Finding
 
 _URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -29,6 +29,24 @@ _CREDENTIALS = {  # the variables an object store's client reads, by URI scheme
 _FIX = ("mount the same ReadWriteMany claim (EFS, Filestore, NFS) at the same path in every worker group, as "
         "cluster/kubernetes/ does, or put storage_path on an object store with its credentials on every pod "
         "(cluster/team/)")
+
+
+class _Doc:
+    """Collects the storage findings of one RayJob, each at a field path."""
+
+    def __init__(self, doc: dict[str, Any]) -> None:
+        self.name = f"{doc.get('kind')}/{(doc.get('metadata') or {}).get('name', '?')}"
+        self.findings: list[Finding] = []
+
+    def add(self, check: str, path: str, message: str) -> None:
+        self.findings.append(Finding(check, message, path=path, doc=self.name))
+
+
+def _groups(cluster: dict[str, Any], at: str) -> list[tuple[str, dict[str, Any]]]:
+    """(path, group spec) for the head group and each worker group of a RayClusterSpec."""
+    head = [(f"{at}.headGroupSpec", cluster["headGroupSpec"])] if isinstance(cluster.get("headGroupSpec"), dict) else []
+    return head + [(f"{at}.workerGroupSpecs[{i}]", g) for i, g in enumerate(cluster.get("workerGroupSpecs") or [])
+                   if isinstance(g, dict)]
 
 
 def _pod(group: dict[str, Any]) -> dict[str, Any]:
