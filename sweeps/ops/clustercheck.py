@@ -6,7 +6,9 @@ with the fix:
 - schema: the file must validate against Ray's own `ray/autoscaler/ray-schema.json`;
 - dashboard: no `--dashboard-host` other than loopback (reach it with `ray dashboard` / SSH);
 - token auth: every `ray start` runs with `RAY_AUTH_MODE=token`, none with it disabled;
-- mlflow: an MLflow server binds 127.0.0.1 and sets `--allowed-hosts`;
+- mlflow: an MLflow server binds 127.0.0.1 and sets `--allowed-hosts`; on sqlite it runs one process
+  (`--workers 1`); a basic-auth server gets its secret key from a secret store, no password is written in
+  the file (`sweeps.ops.clustercheck_mlflow`);
 - install: setup commands install this project at a pinned version (`==X` or `@tag`/`@sha`);
 - shm: with Docker, `run_options` sizes `/dev/shm` (`--shm-size`) for dataloader workers.
 """
@@ -15,21 +17,48 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from sweeps.ops.clustercheck_mlflow import EnvValue, Fixes, is_server, server_findings
 from sweeps.ops.findings import Finding
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 _PROJECT = "gpu-sweeps"
 
 
+_KEYS = ("initialization_commands", "setup_commands", "head_setup_commands", "worker_setup_commands",
+         "head_start_ray_commands", "worker_start_ray_commands")
+_ASSIGN = re.compile(r"^([A-Za-z_]\w*)=(.*)$", re.S)
+_FROM_STORE = "e.g. `export VAR=$(aws secretsmanager get-secret-value --secret-id ID --query SecretString " \
+    "--output text)` in the same command, as cluster/team/aws.yaml does"
+
+
 def _commands(config: dict[str, Any]) -> list[str]:
-    keys = ("initialization_commands", "setup_commands", "head_setup_commands", "worker_setup_commands",
-            "head_start_ray_commands", "worker_start_ray_commands")
-    return [str(c) for k in keys for c in (config.get(k) or [])]
+    return [c for _, c in _located_commands(config)]
+
+
+def _located_commands(config: dict[str, Any]) -> list[tuple[str, str]]:
+    """(field, command) for every command, e.g. ("head_start_ray_commands[2]", "nohup mlflow server ...")."""
+    return [(f"{k}[{i}]", str(c)) for k in _KEYS for i, c in enumerate(config.get(k) or [])]
+
+
+def _mlflow_server_findings(at: str, command: str) -> list[Finding]:
+    """The sqlite-workers and secrets findings of one command that starts `mlflow server`."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    env = {}
+    for w in words:
+        if m := _ASSIGN.match(w):
+            literal = "$" not in m.group(2)
+            env[m.group(1)] = EnvValue(m.group(2) if literal else None, "literal" if literal else "command", at)
+    fixes = Fixes(secret=_FROM_STORE, env_at=at, args_at=at)
+    return [Finding("mlflow", message, path=path) for path, message in server_findings(words, env, 1, fixes)]
 
 
 def _schema_findings(config: dict[str, Any]) -> list[Finding]:
@@ -62,7 +91,7 @@ def check_config(config: Any) -> list[Finding]:
     if not starts:
         findings.append(Finding("token-auth", "no `ray start` command found, so token auth cannot be checked; "
                                 "set head/worker_start_ray_commands with RAY_AUTH_MODE=token"))
-    for c in cmds:
+    for at, c in _located_commands(config):
         if re.search(r"\bmlflow (server|ui)\b", c):
             host = re.search(r"(?:--host|-h)[= ](\S+)", c)
             if host is None or host.group(1).strip("'\"") not in _LOOPBACK:
@@ -71,6 +100,8 @@ def check_config(config: Any) -> list[Finding]:
             if "--allowed-hosts" not in c:
                 findings.append(Finding("mlflow", "MLflow server without --allowed-hosts (DNS rebinding); "
                                         "add --allowed-hosts localhost:5000,127.0.0.1:5000"))
+            if is_server(c.split()):
+                findings += _mlflow_server_findings(at, c)
     installs = [c for c in cmds if "pip install" in c and _PROJECT in c]
     pinned = re.compile(rf"{_PROJECT}(\s*==\s*\d|.*@(v?\d[\w.]*|[0-9a-f]{{7,40}})[\"']?(\s|$))")
     if not any(pinned.search(c) for c in installs):

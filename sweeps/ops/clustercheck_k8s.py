@@ -9,7 +9,13 @@ finding that names the document, the field path and the fix:
 - shm: every group with GPUs mounts a memory-backed, sized `emptyDir` at `/dev/shm` (always, not only
   when a spec searches loader workers: the cluster outlives any one spec, and NCCL uses /dev/shm too);
 - exposure: no `LoadBalancer`/`NodePort` head or Service, no KubeRay ingress, no `hostPort`;
-- mlflow: an `mlflow server` container sets `--allowed-hosts` (and not `*`);
+- mlflow: an `mlflow server` container sets `--allowed-hosts` (and not `*`); on sqlite it runs one
+  process in one replica; a basic-auth server takes its secret key from a Secret, no password is written
+  in the manifest (`sweeps.ops.clustercheck_mlflow`); `mlflow db upgrade` in an initContainer runs in one
+  replica only (nothing serialises two migrations, mlflow#19299);
+- storage: a RayJob's `storage_path` (its spec in a ConfigMap of the same file) is on a volume every
+  worker group mounts at the same path, or on an object store whose credentials every group has
+  (`sweeps.ops.clustercheck_storage`);
 - image: every container image is tagged (or pinned by digest) and not `latest`;
 - rayjob: a `RayJob` that creates its cluster deletes it when the job ends (`shutdownAfterJobFinishes`).
 """
@@ -21,6 +27,8 @@ from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from sweeps.ops.clustercheck_mlflow import Fixes, container_env, is_server, server_findings
+from sweeps.ops.clustercheck_storage import check_storage
 from sweeps.ops.findings import Finding
 
 GPU = "nvidia.com/gpu"
@@ -95,7 +103,18 @@ def _check_image(d: _Doc, path: str, image: Any, ray: str | None) -> None:
               f"rayproject/ray:{ray}-py311-gpu or an image built on it")
 
 
-def _check_pod(d: _Doc, pod: dict[str, Any], at: str, ray: str | None) -> None:
+_FROM_SECRET = "env: [{name: VAR, valueFrom: {secretKeyRef: {name: SECRET, key: KEY}}}], as cluster/team/ does"
+
+
+def _check_mlflow(d: _Doc, c: dict[str, Any], path: str, words: list[str], replicas: int, replicas_at: str) -> None:
+    env, from_secret = container_env(c, path)
+    fixes = Fixes(secret=_FROM_SECRET, env_at=f"{path}.env", args_at=f"{path}.args", replicas_at=replicas_at)
+    for field, message in server_findings(words, env, replicas, fixes, from_secret):
+        d.add("mlflow", field, message)
+
+
+def _check_pod(d: _Doc, pod: dict[str, Any], at: str, ray: str | None, replicas: int = 1,
+               replicas_at: str = "") -> None:
     for path, c in _containers(pod, at):
         _check_image(d, path, c.get("image"), ray)
         for j, port in enumerate(c.get("ports") or []):
@@ -113,6 +132,12 @@ def _check_pod(d: _Doc, pod: dict[str, Any], at: str, ray: str | None) -> None:
             if hosts is None or "*" in hosts.group(1).split(","):
                 d.add("mlflow", f"{path}.args", "MLflow server without a list of --allowed-hosts (DNS rebinding); add "
                       "--allowed-hosts=mlflow:5000,localhost:5000,127.0.0.1:5000")
+            if is_server(words):
+                _check_mlflow(d, c, path, words, replicas, replicas_at)
+        if ".initContainers[" in path and re.search(r"\bmlflow db upgrade\b", line) and replicas > 1:
+            d.add("mlflow", replicas_at, f"{replicas} replicas each run `mlflow db upgrade` in an initContainer: nothing "
+                  "serialises two migrations of one database (mlflow#19299); set replicas: 1, or run the upgrade "
+                  "once in a Job before the servers start")
 
 
 def _check_group(d: _Doc, path: str, group: dict[str, Any], ray: str | None) -> None:
@@ -221,11 +246,20 @@ def check_document(doc: dict[str, Any], ray: str | None) -> list[Finding]:
         d.add("exposure", "spec.type", f"Service type {spec['type']} publishes it outside the cluster; use "
               "ClusterIP and kubectl port-forward")
     elif (found := _pod_spec(doc)) is not None and isinstance(found[1], dict):
-        _check_pod(d, found[1], found[0], ray)
+        _check_pod(d, found[1], found[0], ray, *_replicas(doc))
     return d.findings
+
+
+def _replicas(doc: dict[str, Any]) -> tuple[int, str]:
+    """How many copies of its pod a workload runs (a DaemonSet: one per node, so more than one)."""
+    kind, spec = doc.get("kind"), doc.get("spec") or {}
+    if kind in ("Deployment", "StatefulSet", "ReplicaSet"):
+        return _as_int(spec.get("replicas", 1)) or 0, "spec.replicas"
+    return (2, "kind") if kind == "DaemonSet" else (1, "")
 
 
 def check_manifests(docs: list[Any]) -> list[Finding]:
     """Every finding for the documents of one manifest file."""
     ray = _installed_ray()
-    return [f for doc in docs if isinstance(doc, dict) for f in check_document(doc, ray)]
+    objs = [doc for doc in docs if isinstance(doc, dict)]
+    return [f for doc in objs for f in check_document(doc, ray)] + check_storage(objs)
