@@ -13,6 +13,7 @@ import yaml
 
 from sweeps.cli import main
 from sweeps.ops.clustercheck_k8s import check_manifests
+from sweeps.spec import parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
 TEAM = REPO / "cluster" / "team"
@@ -43,6 +44,8 @@ def _job_spec(docs: list[dict[str, Any]]) -> dict[str, Any]:
 def test_team_rayjob_keeps_storage_on_the_object_store_with_credentials_on_every_pod() -> None:
     docs = _docs(TEAM / "kubernetes" / "rayjob.yaml")
     assert _job_spec(docs)["storage_path"].startswith("s3://")
+    spec = parse_spec(_one(docs, "ConfigMap")["data"]["sweep.yaml"], "team rayjob.yaml ConfigMap")  # the whole spec
+    assert spec.storage_path == "s3://team-bucket/sweeps" and spec.tracking.uri == "http://mlflow:5000"
     cluster = _one(docs, "RayJob")["spec"]["rayClusterSpec"]
     for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
         pod = group["template"]["spec"]
