@@ -7,6 +7,7 @@ reporters write anything.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -19,7 +20,8 @@ class Reporter(Protocol):
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None = None) -> None:
         """Hand on one report; every rank calls this at the same points.
 
-        `checkpoint_dir` (rank 0 only) holds a checkpoint to keep, valid only during the call."""
+        `checkpoint_dir` (rank 0's; a sharded model's: every rank's, each with its own shard files) holds a
+        checkpoint to keep, valid only during the call."""
 
 
 class JsonlReporter:
@@ -49,7 +51,7 @@ class ListReporter:
 
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None = None) -> None:
         self.reports.append(dict(metrics))
-        if checkpoint_dir is not None:
+        if checkpoint_dir is not None and Path(checkpoint_dir, CHECKPOINT_FILE).exists():  # rank 0's
             with open(f"{checkpoint_dir}/{CHECKPOINT_FILE}", "rb") as f:
                 self.checkpoints.append(f.read())
 
@@ -81,9 +83,15 @@ def priced(reporter: Reporter, usd_per_hour: float) -> Reporter:
 
 
 def keep_checkpoint(checkpoint_dir: str, directory: Path) -> Path:
-    """Copy the loop's checkpoint into `directory` (latest only; a crash mid-copy never leaves half a file)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / (CHECKPOINT_FILE + ".tmp")
-    shutil.copyfile(Path(checkpoint_dir) / CHECKPOINT_FILE, tmp)
-    tmp.replace(directory / CHECKPOINT_FILE)
+    """Copy the loop's checkpoint files into `directory` (latest only; a crash mid-copy never leaves half a file).
+
+    Every file under `checkpoint_dir`: rank 0's `CHECKPOINT_FILE`, and a sharded model's DCP files, which each
+    rank copies from its own folder (their names differ by rank)."""
+    source = Path(checkpoint_dir)
+    for path in sorted(p for p in source.rglob("*") if p.is_file()):
+        target = directory / path.relative_to(source)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+        shutil.copyfile(path, tmp)
+        tmp.replace(target)
     return directory
