@@ -118,3 +118,14 @@ def test_fp16_cannot_follow_the_sharding() -> None:
     with pytest.raises(ValueError, match="16-mixed cannot train with strategy fsdp"):
         TrialConfig(workload="gpt-lm", num_steps=1, strategy="fsdp", precision="16-mixed")
     TrialConfig(workload="gpt-lm", num_steps=1, strategy="fsdp", precision="bf16-mixed")
+
+
+def test_the_spec_refuses_fp16_with_sharding_and_takes_the_memory_example() -> None:
+    from sweeps.spec import SpecError, parse_spec
+
+    text = (Path(__file__).resolve().parents[2] / "examples" / "memory.yaml").read_text()
+    spec = parse_spec(text)
+    assert set(spec.space.searched()) == {"strategy", "activation_checkpointing"}
+    bad = text.replace("  lr: 1.0e-3\n", "  lr: 1.0e-3\n  precision: {type: categorical, choices: ['32', 16-mixed]}\n")
+    with pytest.raises(SpecError, match="16-mixed cannot train with strategy fsdp.*drop one from the space"):
+        parse_spec(bad.replace("num_trials: 9 ", "num_trials: 18 "))
