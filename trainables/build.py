@@ -57,8 +57,9 @@ class ModelBundle:
     sharded: bool = False  # FSDP2 holds `model` (sharding.py): its forward and backward are collectives
 
     def gradient_sync(self, sync: bool) -> AbstractContextManager[object]:
-        """Where `sync` is False, a micro-batch's backward keeps its gradients local (DDP's `no_sync`, FSDP2's
-        `set_requires_gradient_sync`): the last micro-batch's reduces them all."""
+        """Keep a micro-batch's gradients local where `sync` is False.
+
+        DDP's `no_sync`, FSDP2's `set_requires_gradient_sync`: the last micro-batch's backward reduces them all."""
         if sync:
             return contextlib.nullcontext()
         if self.ddp is not None:

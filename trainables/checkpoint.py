@@ -36,8 +36,10 @@ SHARDS = "shards"  # a sharded model's DCP folder, beside CHECKPOINT_FILE
 
 
 def save_state(path: Path, saved: Saved, measured: int, rank: int = 0) -> None:
-    """Write the checkpoint into `path`: rank 0's file, and with a sharded model every rank's shard (all ranks
-    call it then: DCP's save is a collective)."""
+    """Write the checkpoint into `path`.
+
+    Rank 0's file, and with a sharded model every rank's shard (all ranks call it then: DCP's save is a
+    collective)."""
     rest = {"scaler": saved.scaler.state_dict() if saved.scaler is not None else {},
             "scheduler": saved.scheduler.state_dict() if saved.scheduler is not None else {},
             "measured_steps": measured}
@@ -55,8 +57,10 @@ def save_state(path: Path, saved: Saved, measured: int, rank: int = 0) -> None:
 
 
 def read_state(path: str, device: torch.device) -> dict[str, Any]:
-    """A checkpoint this loop wrote; tensors only (`weights_only`): nothing is unpickled. A sharded model's
-    state stays in its DCP folder until `apply_state` (the folder's path in place of `SHARDS`'s flag)."""
+    """Read a checkpoint this loop wrote; tensors only (`weights_only`): nothing is unpickled.
+
+    A sharded model's state stays in its DCP folder until `apply_state` (the folder's path in place of
+    `SHARDS`'s flag)."""
     state: dict[str, Any] = torch.load(Path(path) / CHECKPOINT_FILE, map_location=device, weights_only=True)
     if state.get(SHARDS):
         state[SHARDS] = str(Path(path) / SHARDS)
@@ -101,8 +105,9 @@ class Checkpointer:
         return bool(self.every) and total % self.every == 0
 
     def report(self, reporter: Reporter, metrics: dict[str, Any], saved: Saved, total: int) -> None:
-        """Every rank reports (a barrier under Ray); rank 0 with the checkpoint (a sharded model: every rank with
-        its shard)."""
+        """Report on every rank (a barrier under Ray); rank 0 with the checkpoint.
+
+        A sharded model: every rank with its shard."""
         with tempfile.TemporaryDirectory(prefix="ckpt-") as tmp:
             saves = self.rank == 0 or saved.sharded
             if saves:

@@ -1,5 +1,7 @@
-"""How a trial's model is held across its ranks: its repeated blocks found, activation checkpointing on each,
-`torch.compile` per block, then FSDP2's `fully_shard` on each block and the root, in torchtitan's order.
+"""How a trial's model is held across its ranks.
+
+Its repeated blocks found, activation checkpointing on each, `torch.compile` per block, then FSDP2's
+`fully_shard` on each block and the root, in torchtitan's order.
 
 The blocks are the ones a `Workload` names (`Workload.blocks`: the dotted name of a `ModuleList`), else the
 largest `nn.ModuleList` whose children are all of one class (GPT's `h`, a Hugging Face LM's `model.layers`); a
@@ -125,10 +127,10 @@ class Layout:
 
 def shard(model: nn.Module, blocks: Blocks, strategy: str, ac: str, compile_blocks: bool, precision: str,
           device: torch.device, world_size: int) -> Layout:
-    """Apply, in torchtitan's order, activation checkpointing to each block, `torch.compile` to each block (when
-    `compile_blocks`), then `fully_shard` to each block and the root (a sharded `strategy`).
+    """Checkpoint, compile and shard the model's blocks, in torchtitan's order.
 
-    Raises `UnsupportedError` for activation checkpointing without blocks to wrap."""
+    Activation checkpointing on each block, `torch.compile` on each block (when `compile_blocks`), then
+    `fully_shard` on each block and the root (a sharded `strategy`). Raises `UnsupportedError` for activation checkpointing without blocks to wrap."""
     tags = {BLOCKS_TAG: blocks.describe()}
     if ac != "none":
         if blocks.container is None:
