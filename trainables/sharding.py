@@ -131,7 +131,8 @@ def shard(model: nn.Module, blocks: Blocks, strategy: str, ac: str, compile_bloc
 
     Activation checkpointing on each block, `torch.compile` on each block (when `compile_blocks`), then
     `fully_shard` on each block and the root (a sharded `strategy`). Raises `UnsupportedError` for activation checkpointing without blocks to wrap."""
-    tags = {BLOCKS_TAG: blocks.describe()}
+    # which blocks were wrapped, where any were: a plain DDP trial's tags stay as they were
+    tags = {BLOCKS_TAG: blocks.describe()} if ac != "none" or strategy in SHARDED else {}
     if ac != "none":
         if blocks.container is None:
             raise UnsupportedError(f"activation_checkpointing {ac} wraps the model's repeated blocks, and "
