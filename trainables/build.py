@@ -5,9 +5,12 @@ The precision, the optimizer and the instruments, grouped as what trains (`Model
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +28,7 @@ from trainables.loop_errors import WorkloadError
 from trainables.noise_scale import CommTimer, HookState, NoiseScale, ddp_hook
 from trainables.peak_flops import cluster_peak
 from trainables.precision import Precision, resolve_precision
+from trainables.sharding import Wrapping, find_blocks, shard
 from trainables.telemetry import Telemetry
 from trainables.window import world
 from trainables.workloads.base import BuildContext, Workload, prepared
@@ -49,6 +53,28 @@ class ModelBundle:
     channels_last: bool
     params: list[nn.Parameter]  # the trainable parameters (the noise scale's gradient norms)
     flops: tuple[float | None, str]  # training FLOPs per item, and "declared" or "counted"
+    sharded: bool = False  # FSDP2 holds `model` (sharding.py): its forward and backward are collectives
+
+    def gradient_sync(self, sync: bool) -> AbstractContextManager[object]:
+        """Keep a micro-batch's gradients local where `sync` is False.
+
+        DDP's `no_sync`, FSDP2's `set_requires_gradient_sync`: the last micro-batch's backward reduces them all."""
+        if sync:
+            return contextlib.nullcontext()
+        if self.ddp is not None:
+            return self.ddp.no_sync()
+        if self.sharded:
+            return _fsdp_no_sync(self.model)
+        return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(model: nn.Module) -> Iterator[None]:
+    model.set_requires_gradient_sync(False)  # type: ignore[operator]
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)  # type: ignore[operator]
 
 
 @dataclass
@@ -101,17 +127,27 @@ def build(cfg: TrialConfig, device: torch.device) -> Built:
     flops: tuple[float | None, str] = (wl.flops_per_item, "declared")
     if flops[0] is None and rank == 0 and not cfg.probe:  # rank 0 reports; before DDP sees a backward
         flops = (count_flops(wl, model, cfg, device, step_fn, count), "counted")
+    # torchtitan's order: activation checkpointing on each block, compile each block, fully_shard each block and
+    # the root (sharding.py); DDP wraps the model as before
+    blocks = find_blocks(model, wl.blocks)
+    layout = shard(model, blocks, Wrapping.of(cfg.strategy, cfg.activation_checkpointing, cfg.compile, cfg.precision),
+                   device, world_size)
+    tags |= layout.tags
+    if layout.sharded and prec.autocast_dtype is not None:  # FSDP2's MixedPrecisionPolicy casts: no autocast
+        prec = dataclasses.replace(prec, autocast_dtype=None)
+        tags["precision/autocast_dtype"] = "none (FSDP2 MixedPrecisionPolicy)"
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) \
-        if world_size > 1 else None
+        if world_size > 1 and not layout.sharded else None
     # Compile the DDP-wrapped model (PyTorch's guidance): DDP's optimizer splits the graph at its
-    # buckets, so the gradient all-reduce still overlaps backward.
+    # buckets, so the gradient all-reduce still overlaps backward. Sharded: each block was compiled (a
+    # model without blocks is compiled whole)
     forward_model: nn.Module = ddp if ddp is not None else model
-    if cfg.compile:
+    if cfg.compile and not (layout.sharded and blocks.container is not None):
         forward_model = torch.compile(forward_model)  # type: ignore[assignment]
     # Gradient noise scale: DDP ranks read it in the all-reduce hook; one rank from its micro-batches.
     # The same hook times the all-reduce wait backward did not hide (DDP takes one hook).
     noise: NoiseScale | None = None
-    if cfg.grad_noise_scale and (ddp is not None or cfg.grad_accum_steps > 1):
+    if cfg.grad_noise_scale and (ddp is not None or cfg.grad_accum_steps > 1) and not layout.sharded:
         noise = NoiseScale(device)
     comm = CommTimer(device) if ddp is not None and not cfg.probe else None
     if ddp is not None and (noise is not None or comm is not None):
@@ -123,7 +159,7 @@ def build(cfg: TrialConfig, device: torch.device) -> Built:
     optimizer = make_optimizer(wl, model, cfg, device)
     prep_s, calls = prepared()
     bundle = ModelBundle(wl, model, ddp, forward_model, step_fn, count, optimizer, prec.make_scaler(), channels_last,
-                         [p for p in model.parameters() if p.requires_grad], flops)
+                         [p for p in model.parameters() if p.requires_grad], flops, layout.sharded)
     facts = BuildFacts(tags, build_s=time.perf_counter() - t0, data_prep_s=prep_s - prep0, data_cached=calls - calls0)
     return Built(cfg, device, rank, world_size, prec, pin, bundle, Instruments(telemetry, noise, comm), facts)
 

@@ -20,6 +20,7 @@ from trainables.knobs import (  # noqa: F401 - KNOBS and the vocabulary, re-expo
     PROBE_VALUES,
     LoopKnobs,
     TrialSettings,
+    sharding_problem,
 )
 from trainables.knobs import problem as setting_problem
 from trainables.metrics import (  # noqa: F401 - every key, declared there once, re-exported
@@ -57,9 +58,11 @@ from trainables.metrics import (  # noqa: F401 - every key, declared there once,
     LOOP_S,
     LOSS_TRAIN,
     LOSS_VAL,
+    MEM_ALLOC_RETRIES,
     MEM_HEADROOM_GIB,
     MEM_MAX_ALLOCATED_GIB,
     MEM_MAX_RESERVED_GIB,
+    MEM_PEAK_RSS_GIB,
     MEM_TOTAL_GIB,
     METRICS,
     MFU_PCT,
@@ -234,7 +237,8 @@ class TrialConfig(TrialSettings, LoopKnobs):
                 raise ValueError(problem)
         problem = window_problem(self.min_window_s, self.max_window_s, self.max_warmup_s) or \
             items_problem("num_items", self.num_items, self.num_warmup_steps) or \
-            target_problem(self.target_metric, self.target_max, self.target_min, self.eval_every_steps)
+            target_problem(self.target_metric, self.target_max, self.target_min, self.eval_every_steps) or \
+            sharding_problem(self.strategy, self.precision)
         if problem:
             raise ValueError(problem)
 

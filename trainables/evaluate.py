@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -36,8 +36,8 @@ def validate(t: Built, loader: Loader) -> dict[str, float]:
     extra_items: dict[str, int] = {}
     count_sum = 0
     channels_last = device.type == "cuda" and wl.channels_last
-    for batch in loader():
-        n = checked_count(count, batch)
+    for batch, counted in _batches(loader, t.m.sharded and world_size > 1, device):
+        n = checked_count(count, batch) if counted else 0
         moved = move_to_device(batch, device, pin, channels_last)
         with prec.autocast():
             total += loss_of(step(model, moved), training=False).double() * n
@@ -65,6 +65,23 @@ def validate(t: Built, loader: Loader) -> dict[str, float]:
     out.update({f"{contract.EVAL_PREFIX}{n}": v / w for n, v, w in zip(names, sums[2:2 + k], sums[2 + k:], strict=True)
                 if w > 0})
     return out
+
+
+def _batches(loader: Loader, lockstep: bool, device: torch.device) -> Iterator[tuple[Any, bool]]:
+    """This rank's validation batches, each with whether it counts. In `lockstep` (a sharded model, whose forward
+    gathers parameters from every rank) ranks agree before each batch whether any has one left, and a rank whose
+    shard ran out runs its last batch again, uncounted, so every rank calls forward equally often."""
+    last = None
+    for batch in loader():
+        if lockstep:
+            all_reduce([1.0], device, op="max")
+        last = batch
+        yield batch, True
+    while lockstep and all_reduce([0.0], device, op="max")[0]:
+        if last is None:
+            raise WorkloadError("this rank's validation shard is empty while another rank's is not: a sharded "
+                                "model needs a batch on every rank (a larger val_dataset)")
+        yield last, False
 
 
 class Evaluator:

@@ -24,6 +24,12 @@ from typing import Any, TypeVar
 LR_SCHEDULES: tuple[str, ...] = ("constant", "cosine")
 # Precision vocabulary (Lightning-style names). "32" is strict fp32 with TF32 off.
 PRECISIONS: tuple[str, ...] = ("32", "tf32", "16-mixed", "bf16-mixed")
+# How the ranks hold the model: DDP (each rank the whole model, gradients all-reduced), or FSDP2 `fully_shard`
+# (parameters, gradients and optimizer state sharded over the ranks), resharding after forward or not
+STRATEGIES: tuple[str, ...] = ("ddp", "fsdp", "fsdp_no_reshard")
+SHARDED: tuple[str, ...] = ("fsdp", "fsdp_no_reshard")
+# Activation checkpointing on each repeated block: none, per-op selective (torchtitan's policy), full
+AC_MODES: tuple[str, ...] = ("none", "selective", "full")
 
 # The sweep's clock where its spec is silent (`sweeps.search.trials`): the measured window's least length on a
 # GPU (a GPU step takes milliseconds: a window of a few steps is shorter than two telemetry samples; a CPU
@@ -164,6 +170,14 @@ class LoopKnobs:
                                  "labels it with (H100, A100), or a CPU node type its nodes' label names; priced by "
                                  "the spec's cost section; empty: any", note="a GPU type or a node label; empty: any",
                                  implicit=False, flag=False, memory=True)
+    strategy: str = knob("ddp", "how the ranks hold the model: ddp (each rank all of it), fsdp (FSDP2 fully_shard: "
+                         "parameters, gradients and optimizer state sharded, each block resharded after its forward), "
+                         "fsdp_no_reshard (kept gathered from forward to backward: less communication, more memory)",
+                         choices=STRATEGIES, implicit=False, memory=True)
+    activation_checkpointing: str = knob("none", "recompute each repeated block's activations in backward instead of "
+                                         "keeping them: none, selective (per op, torchtitan's policy: matmul outputs "
+                                         "every other one and attention kept), full", choices=AC_MODES,
+                                         implicit=False, memory=True)
     lr_schedule: str = knob("constant", "after warm-up: constant, or cosine decay to 0 at the last step",
                             choices=LR_SCHEDULES, group="optim", implicit=False, speed=False)
 
@@ -270,3 +284,15 @@ def problem(name: str, value: Any) -> str:
     if (value is None and default is None) or what.allows(kind, value):
         return ""
     return f"{name} must be {what.rule(kind)}, got {value!r}"
+
+
+def sharding_problem(strategy: str, precision: str) -> str:
+    """Say why `precision` cannot train under `strategy`; "" when it can.
+
+    fp16's GradScaler does not follow FSDP2's sharded gradients (each rank would check only its own shard for inf/NaN and ranks could disagree on skipping
+    a step; torch's `ShardedGradScaler` is written for FSDP1's flat parameters and is not used here)."""
+    if strategy in SHARDED and precision == "16-mixed":
+        return (f"precision 16-mixed cannot train with strategy {strategy}: the GradScaler does not follow FSDP2's "
+                "sharded gradients (ranks could disagree on skipping a step); use bf16-mixed (FSDP2's "
+                "MixedPrecisionPolicy: bf16 parameters, fp32 gradient reduction), or strategy ddp")
+    return ""

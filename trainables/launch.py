@@ -3,7 +3,8 @@
 Prints one JSON line per report (rank 0). This is also the baseline for benchmarks.
 
 Crash recovery without Ray: with ``--checkpoint-every-steps N --checkpoint-dir DIR``, rank 0 keeps
-the latest checkpoint in DIR (one file, replaced atomically) and every start resumes from it, so
+the latest checkpoint in DIR (one file, replaced atomically; a sharded model: its DCP shard files beside it, each
+rank copying its own) and every start resumes from it, so
 ``torchrun --max-restarts 1`` restarts a crashed worker group from its last checkpoint. A run that
 finishes deletes it. On several nodes DIR must be a shared filesystem.
 """
@@ -38,7 +39,7 @@ class DirCheckpointReporter(JsonlReporter):
         self.directory = directory
 
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None = None) -> None:
-        if checkpoint_dir is not None:  # rank 0 only
+        if checkpoint_dir is not None:  # rank 0; a sharded model: every rank, its own shard files
             keep_checkpoint(checkpoint_dir, self.directory)
         super().report(metrics, checkpoint_dir)
 

@@ -213,7 +213,7 @@ class _Run:
         self.win = MeasuredWindow(device, t.inst, t.m.wl.unit, t.world,
                                   t.world if t.m.ddp is not None else cfg.grad_accum_steps)
         self.evals = Evaluator(cfg, self.win.timer, self.validate)
-        self.saved = Saved(t.m.model, t.m.optimizer, t.m.scaler, self.scheduler)  # what a checkpoint holds
+        self.saved = Saved(t.m.model, t.m.optimizer, t.m.scaler, self.scheduler, t.m.sharded)  # what a checkpoint holds
         self.traced: dict[str, Any] = {}  # the trace's figures (trainables.trace), once warm-up ended
 
     def run_step(self, batches: Iterator[Any], micros: int, need: int, step: int) -> int:
@@ -236,9 +236,11 @@ class _Run:
             with inst.telemetry.h2d_copy(win.measuring) if inst.telemetry is not None else contextlib.nullcontext():
                 moved = move_to_device(batch, t.device, t.pin, m.channels_last)
             # DDP all-reduces gradients on the last micro-batch only; never in a memory probe,
-            # where a rank that runs out of memory must not leave its peers in that all-reduce
-            sync = micro == micros - 1 and not cfg.probe
-            with m.ddp.no_sync() if m.ddp is not None and not sync else contextlib.nullcontext():
+            # where a rank that runs out of memory must not leave its peers in that all-reduce (FSDP2's
+            # forward gathers parameters anyway: its probe reduces as a trial does, or it would hold
+            # unsharded gradients a trial never holds)
+            sync = micro == micros - 1 and (not cfg.probe or m.sharded)
+            with m.gradient_sync(sync):
                 with t.prec.autocast():
                     loss = loss_of(m.step_fn(m.forward_model, moved), training=True)
                 t.prec.backward(loss / micros if micros > 1 else loss, m.scaler)

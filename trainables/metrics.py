@@ -176,6 +176,14 @@ MEM_MAX_ALLOCATED_GIB = _declare(Metric(
 MEM_MAX_RESERVED_GIB = _declare(Metric(
     "memory/max_reserved_gib", "GiB", "torch allocator's peak reserved", "a CPU trial", nameable=False,
     ranks="max"))
+MEM_ALLOC_RETRIES = _declare(Metric(
+    "memory/alloc_retries", "count", "times the CUDA caching allocator freed its cache and retried a failed "
+    "allocation (`torch.cuda.memory_stats()[\"num_alloc_retries\"]`) since the window began: above 0, the trial runs "
+    "at its memory's edge", "a CPU trial", nameable=False, ranks="max"))
+MEM_PEAK_RSS_GIB = _declare(Metric(
+    "memory/peak_rss_gib", "GiB", "a rank's peak resident host memory over the measured window (Linux `VmHWM`, "
+    "reset at the window's start by writing 5 to `/proc/self/clear_refs`), max over ranks: on a CPU, what the "
+    "trial's model, optimizer and activations used", "not Linux, or its peak cannot be reset there", ranks="max"))
 MEM_HEADROOM_GIB = _declare(Metric(
     "memory/headroom_gib", "GiB", "what is left of the device (host memory on a CPU), min over ranks",
     ranks="min"))

@@ -19,7 +19,8 @@ class Reporter(Protocol):
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None = None) -> None:
         """Hand on one report; every rank calls this at the same points.
 
-        `checkpoint_dir` (rank 0 only) holds a checkpoint to keep, valid only during the call."""
+        `checkpoint_dir` (rank 0's; a sharded model's: every rank's, each with its own shard files) holds a
+        checkpoint to keep, valid only during the call."""
 
 
 class JsonlReporter:
@@ -49,7 +50,7 @@ class ListReporter:
 
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None = None) -> None:
         self.reports.append(dict(metrics))
-        if checkpoint_dir is not None:
+        if checkpoint_dir is not None and Path(checkpoint_dir, CHECKPOINT_FILE).exists():  # rank 0's
             with open(f"{checkpoint_dir}/{CHECKPOINT_FILE}", "rb") as f:
                 self.checkpoints.append(f.read())
 
@@ -81,10 +82,12 @@ def priced(reporter: Reporter, usd_per_hour: float) -> Reporter:
 
 
 def keep_checkpoint(checkpoint_dir: str, directory: str | Path) -> str:
-    """Copy the loop's checkpoint into `directory`, a local folder or a URI; return where it went.
+    """Copy the loop's checkpoint files into `directory`, a local folder or a URI; return where they went.
 
-    From the node this rank runs on (`trainables.storage`); latest only, and a crash mid-copy never leaves half
-    a file."""
-    where = Storage(str(directory))
-    where.upload(Path(checkpoint_dir) / CHECKPOINT_FILE, CHECKPOINT_FILE)
+    From the node this rank runs on (`trainables.storage`), latest only, a crash mid-copy never leaving half a
+    file: every file under `checkpoint_dir`, rank 0's `CHECKPOINT_FILE` and a sharded model's DCP files, which
+    each rank copies from its own folder (their names differ by rank)."""
+    where, source = Storage(str(directory)), Path(checkpoint_dir)
+    for path in sorted(p for p in source.rglob("*") if p.is_file()):
+        where.upload(path, path.relative_to(source).as_posix())
     return where.uri()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import gc
 import logging
 import socket
 import time
@@ -15,9 +17,11 @@ from trainables.contract import (
     CPU_OTHER_CORES,
     ENERGY_TOTAL_J,
     H2D_COPY_PCT,
+    MEM_ALLOC_RETRIES,
     MEM_HEADROOM_GIB,
     MEM_MAX_ALLOCATED_GIB,
     MEM_MAX_RESERVED_GIB,
+    MEM_PEAK_RSS_GIB,
     MEM_TOTAL_GIB,
 )
 from trainables.metrics import METRICS
@@ -138,6 +142,35 @@ def other_cores(summaries: list[dict[str, Any]]) -> float | None:
                for ranks in nodes.values())
 
 
+def reset_peak_rss() -> bool:
+    """Reset this process's peak resident memory (`VmHWM`) to what it holds now; False where Linux does not let it.
+
+    First collects garbage (a warm worker's previous trial: its model and optimizer in reference cycles) and hands
+    the C heap's free pages back (glibc's `malloc_trim`): memory an earlier step or trial freed but the heap kept
+    would otherwise count as held, and its reuse would never raise the peak."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def read_peak_rss_gib() -> float | None:
+    """This process's peak resident memory since its last reset (`VmHWM`), in GiB; None off Linux."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024**2  # kB
+    except OSError:
+        pass
+    return None
+
+
 class Telemetry:
     """Everything measured about one rank besides step time: sampler, memory, copy time."""
 
@@ -163,10 +196,14 @@ class Telemetry:
         self._copy_events: list[tuple[Any, Any]] = []
         self._copy_s = 0.0
         self._copy_since_last = 0.0
+        self._retries0 = 0
+        self._rss_reset = False
 
     def start(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
+            self._retries0 = int(torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0))
+        self._rss_reset = reset_peak_rss()
         self.sampler.start()
 
     def stop(self) -> None:
@@ -210,6 +247,9 @@ class Telemetry:
                 for m in masks:
                     union |= m
                 out["gpu/clock_reasons"] = ",".join(self.gpu.clock_reason_names(union))
+        peak_rss = read_peak_rss_gib() if self._rss_reset else None
+        if peak_rss is not None:
+            out[MEM_PEAK_RSS_GIB] = peak_rss
         if self.device.type == "cuda":
             total = torch.cuda.get_device_properties(self.device).total_memory / 1024**3
             reserved = torch.cuda.max_memory_reserved(self.device) / 1024**3
@@ -217,6 +257,8 @@ class Telemetry:
             out[MEM_MAX_RESERVED_GIB] = reserved
             out[MEM_TOTAL_GIB] = total
             out[MEM_HEADROOM_GIB] = total - reserved
+            out[MEM_ALLOC_RETRIES] = int(torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0)) - \
+                self._retries0
             # Over the same window as `elapsed_s` (since the last call, or all of it), like data
             # wait. The caller synchronized: the events are done.
             copied = sum(a.elapsed_time(b) for a, b in self._copy_events) / 1000.0

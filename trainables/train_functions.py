@@ -153,10 +153,15 @@ class QueueReporter:
         import ray
 
         cancelled = False
+        # rank 0's checkpoint, and with a sharded model every rank's shards, each from its own node; the trial
+        # hears of the checkpoint once every rank's files are there
+        kept = keep_checkpoint(checkpoint_dir, self.checkpoint_dir) if checkpoint_dir is not None else None
+        if self.world > 1:  # every rank reports together: one barrier, whether or not this report checkpoints
+            dist.barrier()
         if self.rank == 0:
             event: dict[str, Any] = {"metrics": dict(metrics)}
-            if checkpoint_dir is not None:
-                event["checkpoint"] = keep_checkpoint(checkpoint_dir, self.checkpoint_dir)
+            if kept is not None:
+                event["checkpoint"] = kept
             cancelled = bool(ray.get(self.queue.post.remote(self.trial_id, event)))
         if self.world > 1:
             flag = [cancelled]

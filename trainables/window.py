@@ -118,11 +118,11 @@ class MeasuredWindow:
 
     def start(self, sub_every: int, report_every: int, warm_steps_s: float | None) -> None:
         self.sub_every, self.report_every, self.warm_steps_s = sub_every, report_every, warm_steps_s
+        if self.telemetry is not None:  # before the clock: resetting the memory peaks collects garbage
+            self.telemetry.start()
         self.timer.start()
         self.warm_end = time.perf_counter()
         self.marks.append((0.0, 0, 0))
-        if self.telemetry is not None:
-            self.telemetry.start()
 
     def replan(self, sub_every: int) -> None:
         """The plan grew: ~as many marks still (denser earlier ones are merged by `kept_marks`)."""

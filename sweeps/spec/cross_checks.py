@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from trainables import registry
-from trainables.contract import COST_PREFIX, THROUGHPUT_PREFIX, is_final_only, target_problem
+from trainables.contract import COST_PREFIX, THROUGHPUT_PREFIX, is_final_only, sharding_problem, target_problem
 
 if TYPE_CHECKING:
     from sweeps.spec.sweep import SweepSpec
@@ -265,6 +265,18 @@ def the_type_in_one_place(spec: SweepSpec) -> str:
     return ""
 
 
+def the_scaler_cannot_follow_sharding(spec: SweepSpec) -> str:
+    """space: precision 16-mixed cannot train with a sharded strategy (fsdp, fsdp_no_reshard) ...; use bf16-mixed"""
+    from sweeps.spec.params import param_values
+
+    strategies, precisions = (spec.space.param(k) for k in ("strategy", "precision"))
+    for strategy in param_values(strategies) if strategies is not None else []:
+        for precision in param_values(precisions) if precisions is not None else []:
+            if found := sharding_problem(str(strategy), str(precision)):
+                return f"space: {found} (a trial may draw both: drop one from the space)"
+    return ""
+
+
 RULES: tuple[Callable[[SweepSpec], str], ...] = (
     objective_in_the_workloads_unit,
     asha_ranks_by_one_metric,
@@ -288,6 +300,7 @@ RULES: tuple[Callable[[SweepSpec], str], ...] = (
     money_needs_prices,
     every_type_priced,
     the_type_in_one_place,
+    the_scaler_cannot_follow_sharding,
 )
 
 

@@ -8,7 +8,17 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from sweeps.spec.params import (
     CategoricalParam,
@@ -23,6 +33,9 @@ from sweeps.spec.params import (
 from trainables.knobs import KNOBS
 
 PARAMS_PREFIX = "params."  # space.params.<name>: the trainable's own hyperparameters
+# Knobs added after sweeps were saved: absent from a spec's dump where it does not set them, so an earlier
+# sweep's spec digest (`sweeps.service.saved_state.spec_digest`) still matches when it resumes
+LATER_KNOBS = ("strategy", "activation_checkpointing")
 OPTIM_KNOBS = tuple(sorted(k for k, (_, _, d) in KNOBS.items() if d.group == "optim"))
 
 
@@ -44,6 +57,11 @@ class _Space(BaseModel):
     if TYPE_CHECKING:  # fields of SpaceSpec, made from the declaration (`_fields`); named here for the checker
         accelerator_type: Param | None = None
         params: dict[str, Param] = {}
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> Any:
+        out = handler(self)
+        return {k: v for k, v in out.items() if not (k in LATER_KNOBS and v is None)} if isinstance(out, dict) else out
 
     def param(self, knob: str) -> Param | None:
         """The spec's param for loop knob `knob` (its declared default, held fixed, where the spec did not name

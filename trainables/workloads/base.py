@@ -48,6 +48,9 @@ class Workload:
     - ``optimizer_fn(model, lr) -> Optimizer``: default AdamW (fused on CUDA); ``lr`` is the trial's.
     - ``eval_fn(model, batch) -> dict[str, number]``: extra validation metrics, averaged over the
       whole validation set like ``loss/val`` and logged as ``eval/<name>``.
+    - ``blocks``: the dotted name in ``model`` of the ``nn.ModuleList`` holding its repeated blocks, which
+      activation checkpointing and FSDP2 wrap one by one; default: the largest ``ModuleList`` whose children
+      are all of one class (``trainables.sharding.find_blocks``).
 
     Datasets are map-style (with ``__len__``; the loop shards and shuffles them) or an
     ``IterableDataset``, which shards itself by ``BuildContext.rank`` and loader worker.
@@ -66,6 +69,7 @@ class Workload:
     collate_fn: Callable[[list[Any]], Any] | None = None
     optimizer_fn: Callable[[nn.Module, float], torch.optim.Optimizer] | None = None
     eval_fn: Callable[[nn.Module, Any], dict[str, Any]] | None = None
+    blocks: str | None = None
 
     def check(self, name: str) -> None:
         problems = []

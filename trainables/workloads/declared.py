@@ -62,6 +62,8 @@ class GptLmParams:
     seq_len: int | None = None  # default: the preset's
     num_train_tokens: int | None = None
     num_val_tokens: int | None = None
+    n_layer: int | None = None  # default: the preset's (a deeper or wider model: what a memory sweep varies)
+    n_embd: int | None = None  # default: the preset's; a multiple of its n_head
 
     def __post_init__(self) -> None:
         if self.preset not in GPT_PRESETS:
@@ -70,10 +72,16 @@ class GptLmParams:
             value = getattr(self, name)
             if value is not None and value < 2:
                 raise ValueError(f"{name} must be >= 2")
+        if self.n_layer is not None and self.n_layer < 1:
+            raise ValueError("n_layer must be >= 1")
+        heads = GPT_PRESETS[self.preset].n_head
+        if self.n_embd is not None and (self.n_embd < heads or self.n_embd % heads):
+            raise ValueError(f"n_embd must be a multiple of the preset's n_head ({heads})")
 
     def resolved(self) -> Preset:
         p = GPT_PRESETS[self.preset]
-        return Preset(p.n_layer, p.n_head, p.n_embd, self.seq_len or p.seq_len, p.vocab_size,
+        return Preset(self.n_layer or p.n_layer, p.n_head, self.n_embd or p.n_embd, self.seq_len or p.seq_len,
+                      p.vocab_size,
                       self.num_train_tokens or p.num_train_tokens, self.num_val_tokens or p.num_val_tokens)
 
 

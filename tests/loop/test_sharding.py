@@ -1,0 +1,131 @@
+"""FSDP2 and activation checkpointing (trainables/sharding.py), correct before fast, on 2 gloo CPU ranks.
+
+One pair of ranks (tests/helpers/sharding_ranks.py, spawned once for the file) runs every scenario; the tests
+read what it found. The ranks run with glibc's mmap threshold fixed (`MALLOC_MMAP_THRESHOLD_`), so a freed tensor
+leaves the resident set at once and the peak follows the live tensors, not the heap's reuse of freed pages."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from trainables.contract import TrialConfig
+from trainables.loop_errors import UnsupportedError
+from trainables.sharding import Wrapping, find_blocks, shard
+from trainables.workloads.declared import GPT_PRESETS
+from trainables.workloads.gpt_lm import GPT
+
+CPU = torch.device("cpu")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Iterator[dict[str, Any]]:
+    """What rank 0 found (memory: the max over both ranks, as the loop combines it)."""
+    import torch.multiprocessing as mp
+
+    from tests.helpers.sharding_ranks import run
+
+    out = tmp_path_factory.mktemp("sharding")
+    before = os.environ.get("MALLOC_MMAP_THRESHOLD_")
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"  # the spawned ranks inherit it
+    try:
+        mp.spawn(run, args=(2, _free_port(), str(out), str(data_dir)), nprocs=2)
+    finally:
+        if before is None:
+            del os.environ["MALLOC_MMAP_THRESHOLD_"]
+        else:
+            os.environ["MALLOC_MMAP_THRESHOLD_"] = before
+    found = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert found[0]["loops"]["rss_ddp_none"] == found[1]["loops"]["rss_ddp_none"]  # the loop's max over ranks
+    yield found[0]
+
+
+def test_fsdp_gradients_equal_one_process_and_a_summed_gradient_fails(ranks: dict[str, Any]) -> None:
+    """pytorch#162338: FSDP2 over gloo summing gradients instead of averaging them trains "fine" at a
+    world-size-times learning rate; the same check that passes the real reduction fails the summed one."""
+    p = ranks["parity"]
+    for ac in ("none", "selective", "full"):  # AC equal to no AC, and to one process, within fp32 rounding
+        assert p[f"fsdp_{ac}"] < 1e-5, (ac, p)
+    assert p["fsdp_summed"] == pytest.approx(1.0, abs=1e-3)  # twice the gradient: off by all of it
+
+
+def test_each_ac_mode_trains_under_fsdp_and_says_what_it_wrapped(ranks: dict[str, Any]) -> None:
+    loops = ranks["loops"]
+    first, last, val = loops["trains_none"]
+    assert last < first - 0.5 and val < first - 0.5
+    for ac in ("selective", "full"):  # the same losses: recomputation changes no number
+        assert loops[f"trains_{ac}"] == pytest.approx(loops["trains_none"], rel=1e-5)
+        assert loops[f"tags_{ac}"] == {"memory/blocks": "2 x _Block (blocks)", "memory/sharding": "fsdp over 2 rank(s)"}
+    val, autocast = loops["bf16_no_reshard"]  # bf16 parameters through MixedPrecisionPolicy, never autocast
+    assert val < first - 0.5 and autocast.startswith("none")
+    val, blocks = loops["hf"]  # a Hugging Face causal LM shards with no glue
+    assert val < 5 and blocks.endswith("(model.layers)"), blocks
+
+
+def test_peak_memory_per_rank_fsdp_below_ddp_and_full_ac_below_none(ranks: dict[str, Any]) -> None:
+    loops = ranks["loops"]
+    ddp, fsdp, full = loops["rss_ddp_none"], loops["rss_fsdp_none"], loops["rss_ddp_full"]
+    assert fsdp < ddp - 0.02, loops  # half the model states: ~55 MB less per rank
+    assert full < ddp - 0.03, loops  # a block's input kept instead of its activations: ~80 MB less
+
+
+def test_dcp_round_trip_and_a_sharded_trial_resumes(ranks: dict[str, Any]) -> None:
+    rt = ranks["round_trip"]
+    assert rt["outputs"] == 0.0 and rt["after_a_step"] == 0.0 and rt["measured_steps"] == 7
+    restored, steps, uninterrupted = ranks["loops"]["resumed"]
+    assert restored == 3 and steps == uninterrupted == 6  # the checkpoint at measured step 3, the rest run
+
+
+def test_blocks_are_named_found_or_absent() -> None:
+    gpt = GPT(GPT_PRESETS["tiny"])
+    assert find_blocks(gpt).describe() == "2 x _Block (blocks)"
+    assert find_blocks(gpt, "blocks").count == 2
+    with pytest.raises(UnsupportedError, match="Workload.blocks names 'ln_f'"):
+        find_blocks(gpt, "ln_f")
+    mixed = nn.Sequential(nn.ModuleList([nn.Linear(2, 2), nn.ReLU()]), nn.Linear(2, 2))
+    assert find_blocks(mixed).describe() == "none: the model is one unit"  # a list of unlike modules is no run of blocks
+
+
+def test_no_blocks_is_sharded_whole_and_ac_refused_with_the_fix() -> None:
+    flat = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    with pytest.raises(UnsupportedError, match="Workload.blocks"):
+        shard(flat, find_blocks(flat), Wrapping("ddp", "selective", False, "32"), CPU, 1)
+
+
+def test_a_hugging_face_lm_has_blocks_without_glue() -> None:
+    from examples.hf_causal_lm import PARAMS, build
+    from trainables.workloads.base import BuildContext
+
+    wl = build(dict(PARAMS), BuildContext(".", 0))
+    assert find_blocks(wl.model).describe() == "2 x LlamaDecoderLayer (model.layers)"
+
+
+def test_fp16_cannot_follow_the_sharding() -> None:
+    with pytest.raises(ValueError, match="16-mixed cannot train with strategy fsdp"):
+        TrialConfig(workload="gpt-lm", num_steps=1, strategy="fsdp", precision="16-mixed")
+    TrialConfig(workload="gpt-lm", num_steps=1, strategy="fsdp", precision="bf16-mixed")
+
+
+def test_the_spec_refuses_fp16_with_sharding_and_takes_the_memory_example() -> None:
+    from sweeps.spec import SpecError, parse_spec
+
+    text = (Path(__file__).resolve().parents[2] / "examples" / "memory.yaml").read_text()
+    spec = parse_spec(text)
+    assert set(spec.space.searched()) == {"strategy", "activation_checkpointing"}
+    bad = text.replace("  lr: 1.0e-3\n", "  lr: 1.0e-3\n  precision: {type: categorical, choices: ['32', 16-mixed]}\n")
+    with pytest.raises(SpecError, match="16-mixed cannot train with strategy fsdp.*drop one from the space"):
+        parse_spec(bad.replace("num_trials: 9 ", "num_trials: 18 "))
