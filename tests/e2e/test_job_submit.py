@@ -199,3 +199,10 @@ def test_the_readme_steps_wait_for_the_head_then_a_job_runs_a_sweep_reading_its_
     assert why.startswith("'data/shapes/classes.txt' is missing: data is in .gitignore, which `ray job submit` does not upload"), why
     assert all(fix in why for fix in ("take it out of .gitignore", "RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1",
                                       "use an absolute path on storage every node mounts")), why
+    # the sweep's last line (what `ray job status` shows of a job's log): the first failure itself (issue 50)
+    nexts = [line for line in failed.stdout.splitlines() if line.startswith("Next: ")]
+    assert nexts and nexts[-1].startswith("Next: no finished trial to learn from; fix the first failure first, trial "), nexts
+    assert "data is in .gitignore" in nexts[-1] and "RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1" in nexts[-1], nexts[-1]
+    store = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")
+    (parent,) = store.search_runs([store.get_experiment_by_name("job-exp-2").experiment_id], "tags.`sweep.name` = 'job-sweep'")
+    assert parent.info.status == "FAILED", parent.info.status  # it ended and no trial finished: not FINISHED
