@@ -63,8 +63,8 @@ def test_a_sweep_where_no_trial_finished_ends_its_output_with_the_first_failures
     from sweeps.spec import parse_spec
 
     spec = parse_spec("name: t\ntrainable: {name: mlp-tabular}\nbudget: {num_trials: 2, num_steps: 5}\n")
-    why = ("'data/shapes/classes.txt' is missing: data is in .gitignore, which `ray job submit` does not upload. "
-           "Fix: take it out of .gitignore")
+    why = ("rank 0: WorkloadError: 'data/shapes/classes.txt' is missing: `ray job submit` skips data (in .gitignore). "
+           "Fix: remove it from .gitignore")
     rows = [TrialRow("t1", 1, {"batch_size": 32}, "run1", "config", why),
             TrialRow("t2", 2, {"batch_size": 64}, "run2", "config", why)]
     _print_outcome(SweepOutcome(spec, "parent", "sqlite:///mlflow.db", rows, 3.0), "Sweep t finished in 3s")

@@ -104,8 +104,8 @@ def _ignored_hint(filename: str | None) -> str:
         patterns = [p.strip().strip("/") for p in f if p.strip() and not p.lstrip().startswith(("#", "!"))]
     if not any(fnmatch.fnmatch(top, p) or fnmatch.fnmatch(path, p) for p in patterns if p):
         return ""
-    return (f"{top} is in .gitignore, which `ray job submit` does not upload. Fix: take it out of .gitignore, submit "
-            "with RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1, or use an absolute path on storage every node mounts")
+    return (f"`ray job submit` skips {top} (in .gitignore). Fix: remove it from .gitignore, set "
+            "RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1 when submitting, or use an absolute path on shared storage")
 
 
 @contextlib.contextmanager

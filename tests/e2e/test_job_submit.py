@@ -196,13 +196,14 @@ def test_the_readme_steps_wait_for_the_head_then_a_job_runs_a_sweep_reading_its_
         "tags.`sweep.status` = 'config'")
     assert len(reasons) == 2 and (home / "ray_results" / "job-sweep" / "sweep.json").exists()
     why = reasons[0].data.tags["sweep.failure_reason"]
-    assert why.startswith("'data/shapes/classes.txt' is missing: data is in .gitignore, which `ray job submit` does not upload"), why
-    assert all(fix in why for fix in ("take it out of .gitignore", "RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1",
-                                      "use an absolute path on storage every node mounts")), why
+    assert why.startswith("rank 0: WorkloadError: 'data/shapes/classes.txt' is missing: `ray job submit` skips data "
+                          "(in .gitignore)"), why
+    assert all(fix in why for fix in ("remove it from .gitignore", "RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1",
+                                      "use an absolute path on shared storage")), why
     # the sweep's last line (what `ray job status` shows of a job's log): the first failure itself (issue 50)
     nexts = [line for line in failed.stdout.splitlines() if line.startswith("Next: ")]
     assert nexts and nexts[-1].startswith("Next: no finished trial to learn from; fix the first failure first, trial "), nexts
-    assert "data is in .gitignore" in nexts[-1] and "RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1" in nexts[-1], nexts[-1]
+    assert "skips data (in .gitignore)" in nexts[-1] and "RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1" in nexts[-1], nexts[-1]
     store = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")
     (parent,) = store.search_runs([store.get_experiment_by_name("job-exp-2").experiment_id], "tags.`sweep.name` = 'job-sweep'")
     assert parent.info.status == "FAILED", parent.info.status  # it ended and no trial finished: not FINISHED

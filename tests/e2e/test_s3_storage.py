@@ -143,7 +143,8 @@ def test_a_killed_driver_resumes_from_the_uri(ray_cluster: None, s3: S3Server, t
     assert "testing:testing" not in resumed.stdout + resumed.stderr
     runs = _children(client, "s3-resume", parent)
     trial_ids = [r.data.tags["sweep.trial_id"] for r in runs]
-    assert len(trial_ids) == len(set(trial_ids)) == 2 and all(r.data.tags.get("sweep.status") == "ok" for r in runs)
+    assert len(trial_ids) == len(set(trial_ids)) == 2 and all(r.data.tags.get("sweep.status") == "ok" for r in runs), \
+        ([(r.data.tags.get("sweep.status"), r.data.tags.get("sweep.failure_reason")) for r in runs], resumed.stdout[-3000:])
     assert all(before[r.data.tags["sweep.trial_id"]] == r.info.run_id for r in runs)
     parents = client.search_runs([runs[0].info.experiment_id], "tags.`sweep.name` = 's3-resumable'")
     assert [p.info.run_id for p in parents] == [parent] and parents[0].info.status == "FINISHED"

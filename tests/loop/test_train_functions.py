@@ -23,10 +23,12 @@ def test_a_gitignored_data_folder_is_named_with_every_fix_within_a_progress_line
     monkeypatch.chdir(tmp_path)
     (tmp_path / ".gitignore").write_text("# local\ndata/\nmlflow.db\n")
     why = str(missing_file(_missing("data/shapes/classes.txt"), ORIGIN))
-    shown = at_word(why, REASON_WIDTH)  # what a trial's progress line keeps of it (issue 50, item 7)
-    assert shown.startswith("'data/shapes/classes.txt' is missing: data is in .gitignore, which `ray job submit` does not upload")
-    for fix in ("take it out of .gitignore", "RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1",
-                "use an absolute path on storage every node mounts"):
+    # what a trial's progress line keeps of it, after the rank and the type the failure's reason starts with
+    shown = at_word(f"rank 0: WorkloadError: {why}", REASON_WIDTH)
+    assert shown.startswith("rank 0: WorkloadError: 'data/shapes/classes.txt' is missing: `ray job submit` skips data "
+                            "(in .gitignore)"), shown
+    for fix in ("remove it from .gitignore", "RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1 when submitting",
+                "use an absolute path on shared storage"):
         assert fix in shown, (fix, shown)
     assert f"relative paths resolve against {tmp_path} ({ORIGIN})" in why
 
