@@ -137,8 +137,9 @@ def test_a_killed_driver_resumes_from_the_uri(ray_cluster: None, s3: S3Server, t
         out = driver.communicate(timeout=60)[0]
         (gate / "open").touch()  # the resumed trial 2 goes on
     assert before, f"the sweep never reached its second trial:\n{out[-3000:]}"
+    # from the same directory as the run: the ranks work there, and import the test's trainable from it
     resumed = subprocess.run([sys.executable, "-m", "sweeps", "resume", "s3-resumable", "--storage-path", uri],
-                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+                             cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == ExitCode.OK, (resumed.stdout[-3000:], resumed.stderr[-3000:])
     assert "testing:testing" not in resumed.stdout + resumed.stderr
     runs = _children(client, "s3-resume", parent)
