@@ -46,7 +46,7 @@ _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")  # as the spec's check of st
 # the variables a store's client reads its credentials from, by scheme (a role or a key file may stand in)
 CREDENTIALS = {"s3": ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"), "gs": ("GOOGLE_APPLICATION_CREDENTIALS",),
                "gcs": ("GOOGLE_APPLICATION_CREDENTIALS",)}
-_SECRETS = ("access_key", "secret_key", "session_token")  # pyarrow takes these in an s3:// URI's query: never shown
+_SECRETS = ("access_key", "secret_key", "session_token")  # masked in a query (pyarrow 25 takes keys as KEY:SECRET@)
 # how pyarrow (the AWS SDK's curl, Google's client) says it got no answer at all
 _NO_ANSWER = ("NETWORK_CONNECTION", "curlCode", "Could not connect", "Couldn't connect", "Couldn't resolve",
               "Could not resolve", "Connection refused", "timed out", "Timeout")

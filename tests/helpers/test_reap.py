@@ -5,12 +5,20 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import psutil
 
 from tests.helpers.reap import TAG, started_here
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(30)"]
+
+
+def _execed(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).cmdline() == SLEEP
+    except psutil.Error:
+        return False
 
 
 def test_a_process_counts_as_ours_by_its_inherited_tag_and_not_by_another_ones() -> None:
@@ -20,6 +28,11 @@ def test_a_process_counts_as_ours_by_its_inherited_tag_and_not_by_another_ones()
              "other pytest's": subprocess.Popen(SLEEP, env={**env, TAG: "1"}),
              "untagged": subprocess.Popen(SLEEP, env=env)}
     try:
+        # a child read between fork and exec still shows this process's environment (the tag with it): wait until
+        # each one runs its own program (seen once under load: "untagged" read as ours)
+        deadline = time.monotonic() + 30
+        while not all(_execed(p.pid) for p in procs.values()) and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert {k: started_here(psutil.Process(p.pid)) for k, p in procs.items()} == {
             "ours": True, "other pytest's": False, "untagged": False}
     finally:
