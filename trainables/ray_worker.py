@@ -7,15 +7,13 @@ under plain `torchrun` on machines without Ray.
 from __future__ import annotations
 
 import contextlib
-import logging
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from trainables.contract import TrialConfig
 from trainables.reporting import JsonlReporter, MultiReporter
-
-logger = logging.getLogger(__name__)
 
 # What Ray's exits carry: `ray._raylet.raise_sys_exit_with_custom_error_message` raises `SystemExit` with it
 # (tests/loop/test_ray_worker.py fails loudly when Ray stops doing so).
@@ -30,11 +28,21 @@ class _QuietRayExit:
         self.previous = previous
 
     def __call__(self, unraisable: Any) -> None:
-        if isinstance(unraisable.exc_value, SystemExit) and hasattr(unraisable.exc_value, RAY_EXIT_ATTR):
-            logger.debug("Ray ended this process inside %r: %s", unraisable.object,
-                         getattr(unraisable.exc_value, RAY_EXIT_ATTR))
-            return
-        self.previous(unraisable)
+        # The raylet may signal again (its SIGKILL follows): a second SIGTERM must not re-enter Ray's handler
+        # here, whose SystemExit this hook would print. No logging: its lock is a window for that signal.
+        try:
+            if not _rays_exit(unraisable.exc_value):
+                self.previous(unraisable)
+                return
+        except SystemExit as exc:  # Ray's handler ran again inside this hook
+            if not _rays_exit(exc):
+                raise
+        with contextlib.suppress(ValueError):  # not the main thread: Ray's handler does not run there
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # from now on a SIGTERM ends the process without a word
+
+
+def _rays_exit(exc: BaseException | None) -> bool:
+    return isinstance(exc, SystemExit) and hasattr(exc, RAY_EXIT_ATTR)
 
 
 def quiet_ray_exit() -> None:

@@ -63,7 +63,17 @@ def test_ray_exits_still_carry_the_attribute_the_hook_reads() -> None:
     assert exc.code == 1 and getattr(exc, RAY_EXIT_ATTR) == "The process receives a SIGTERM."
 
 
-def test_only_rays_exit_is_left_out_once_however_often_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def sigterm_kept() -> Any:
+    """The hook hands SIGTERM back to the kernel's default once Ray's exit came: this process keeps its own."""
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, before)
+
+
+def test_only_rays_exit_is_left_out_once_however_often_installed(monkeypatch: pytest.MonkeyPatch, sigterm_kept: None) -> None:
     seen: list[BaseException] = []
     monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(u.exc_value))
     quiet_ray_exit()
@@ -149,3 +159,57 @@ def test_a_placement_group_removed_under_a_finalizer(ray_cluster: None, tmp_path
         assert "SystemExit" not in said and "Traceback" not in said, said
     else:
         assert "Exception ignored in" in said and "in sigterm_handler" in said and "SystemExit: 1" in said, said
+
+
+_SIGNALLED_AGAIN = """
+import os, signal, sys, weakref
+from trainables.ray_worker import RAY_EXIT_ATTR, _QuietRayExit, quiet_ray_exit
+
+def ray_handler(signum, frame):  # what ray/_private/worker.py's sigterm_handler does
+    exc = SystemExit(1)
+    setattr(exc, RAY_EXIT_ATTR, "The process receives a SIGTERM.")
+    raise exc
+
+signal.signal(signal.SIGTERM, ray_handler)
+quiet_ray_exit()
+lines = 0
+
+def again(frame, event, arg):  # the raylet's second SIGTERM, at the hook's second line: inside it, every time
+    global lines
+    if frame.f_code is _QuietRayExit.__call__.__code__ and event == "line":
+        lines += 1
+        if lines == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+    return again
+
+class Item:
+    pass
+
+def callback(_):
+    sys.settrace(again)
+    os.kill(os.getpid(), signal.SIGTERM)  # the first SIGTERM, inside a weakref callback
+
+item = Item()
+ref = weakref.ref(item, callback)
+del item
+sys.settrace(None)
+print("lived on", lines, flush=True)
+os.kill(os.getpid(), signal.SIGTERM)
+print("unreachable", flush=True)
+"""
+
+
+def test_a_second_sigterm_inside_the_hook_prints_nothing(tmp_path: Path) -> None:
+    """The clean clone's failure (CI, 2026-11-27): the raylet's SIGTERM came again while the hook ran (it then
+    logged, taking logging's lock), Ray's handler raised in the hook, and Python printed "Exception ignored in
+    sys.unraisablehook ... SystemExit: 1". A second SIGTERM is now swallowed there, and the next one after the hook
+    ends the process without a word (the raylet's SIGKILL would)."""
+    import signal
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", _SIGNALLED_AGAIN], cwd=root, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.stderr == "", done.stderr
+    assert done.stdout.startswith("lived on") and int(done.stdout.split()[2]) >= 2, done.stdout
+    assert "unreachable" not in done.stdout and done.returncode == -signal.SIGTERM, (done.returncode, done.stdout)

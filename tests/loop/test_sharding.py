@@ -24,6 +24,8 @@ from trainables.workloads.declared import GPT_PRESETS
 from trainables.workloads.gpt_lm import GPT
 
 CPU = torch.device("cpu")
+# One process takes the whole file: the ranks' fixture is per module, and per process under xdist (each spawn ~70 s).
+pytestmark = pytest.mark.xdist_group("sharding")
 
 
 def _free_port() -> int:
