@@ -28,6 +28,10 @@ def _validate(args: argparse.Namespace) -> int:
         if args.here:  # the accelerator types its trials are pinned to must be this machine's
             refuse_missing_types(spec, [this_node()])
         fits = f"; its largest trial fits {have.get('CPU', 0):g} CPUs and {have.get('GPU', 0):g} GPUs"
+        if args.here:
+            from sweeps.service.shared_storage import storage_here
+
+            fits += storage_here(spec.storage_path)
     searched = ", ".join(spec.space.searched()) or "nothing"
     print(f"{args.spec}: OK — sweep {spec.name!r}, {spec.budget.num_trials} trials of {spec.trainable.name}, searching {searched}{fits}")
     return 0
@@ -219,7 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="check a sweep spec (needs neither Ray nor a GPU)")
     p.add_argument("spec", help="the sweep spec, a YAML file (the spec reference lists its keys)")
     p.add_argument("--here", action="store_true", help="also check that its largest trial fits this machine "
-                   "(its CPUs and NVIDIA GPUs), as a local `sweeps run` would")
+                   "(its CPUs and NVIDIA GPUs), as a local `sweeps run` would, and its storage_path: a URI written "
+                   "to from here; a local folder, on the Ray cluster a run here would join, seen by every node")
     p.add_argument("--cpus", type=float, default=None, help="also check that its largest trial fits a cluster "
                    "of this many CPUs (with --gpus)")
     p.add_argument("--gpus", type=float, default=None, help="... and this many GPUs (default 0)")

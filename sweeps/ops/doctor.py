@@ -48,6 +48,7 @@ from trainables.contract import (
     WORLD_SIZE,
     throughput_key,
 )
+from trainables.storage import is_uri
 
 logger = logging.getLogger(__name__)
 NODE_TIMEOUT_S = {True: 120.0, False: 600.0}  # per node, quick or full
@@ -265,6 +266,7 @@ def run_cluster(address: str, quick: bool, gpu_checks: bool, storage_path: str) 
         ray.init(address=address, runtime_env=local_runtime_env(), logging_level=logging.WARNING)
     try:
         pending: dict[Any, str] = {}
+        labels: dict[str, str] = {}  # node id: how the report names the node
         measured_types: set[str] = set()
         task = ray.remote(node_task)
         for n in (n for n in ray.nodes() if n.get("Alive")):
@@ -275,11 +277,39 @@ def run_cluster(address: str, quick: bool, gpu_checks: bool, storage_path: str) 
             ref = task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
                                num_cpus=1, num_gpus=int(res.get("GPU", 0)), max_retries=0,
                                ).remote(quick, gpu_checks, storage_path, measure_peak)
-            pending[ref] = f"{n.get('NodeManagerAddress', '?')} ({n['NodeID'][:8]})"
-        return gather(pending, ray.wait, ray.get, ray.cancel, NODE_TIMEOUT_S[quick] + (GPU_CHECKS_TIMEOUT_S if gpu_checks else 0))
+            pending[ref] = labels[n["NodeID"]] = f"{n.get('NodeManagerAddress', '?')} ({n['NodeID'][:8]})"
+        report = gather(pending, ray.wait, ray.get, ray.cancel,
+                        NODE_TIMEOUT_S[quick] + (GPU_CHECKS_TIMEOUT_S if gpu_checks else 0))
+        if is_uri(storage_path):  # each node wrote there itself, with its own credentials (host/storage_writable)
+            return report
+        if address.startswith("ray://"):  # this process's disk is not the cluster's: a marker here proves nothing
+            report["findings"].append(f"storage_path {storage_path}: whether every node sees it was not checked "
+                                      "through a Ray client (run the doctor on the head: --address auto)")
+            return report
+        report["findings"] += shared_storage_findings(storage_path, report["nodes"], labels)
+        return report
     finally:
         if ours:
             ray.shutdown()
+
+
+def shared_storage_findings(storage_path: str, nodes: list[dict[str, Any]], labels: dict[str, str]) -> list[str]:
+    """Whether each node sees this process's local `storage_path`, asked as `sweeps run` asks before trial 1.
+
+    Each node's report gets the fact `host/storage_shared` (yes, or no and why); a node that does not see it is a
+    finding naming it. The nodes are this cluster's working ones (ids in `labels`: id -> the report's name)."""
+    from sweeps.service.shared_storage import unseen_by, working_nodes
+
+    root = Path(storage_path).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    unseen = unseen_by(root, [n for n in working_nodes() if n["NodeID"] in labels])
+    by_label = {labels[node_id]: why for node_id, why in unseen.items()}
+    for node in nodes:
+        if node["node"] in labels.values():
+            node["facts"]["host/storage_shared"] = f"no: {by_label[node['node']]}" if node["node"] in by_label else "yes"
+    return [f"node {label}: storage_path {root} is not visible there ({why}): each rank writes its trace and "
+            "checkpoints there on its own node; give a storage_path every node mounts at the same path, or a URI "
+            "(s3://, gs://)" for label, why in sorted(by_label.items())]
 
 
 def gather(pending: dict[Any, str], wait: Callable[..., tuple[list[Any], list[Any]]], get: Callable[[Any], Any],
@@ -328,7 +358,7 @@ def table(report: dict[str, Any]) -> str:
     head = ["figure", *[n["node"] for n in nodes]]
     rows = [[k, *[f"{n['figures'][k]:.4g}" if k in n["figures"] else "-" for n in nodes]] for k in keys]
     facts = ("device/name", "host/cores_usable", "host/cpu_isa", KERNEL_ENV_FACT, "host/shm_gib", "host/disk_free_gib",
-             "host/storage_writable", "gpu/count",
+             "host/storage_writable", "host/storage_shared", "gpu/count",
              "gpu/memory_gib", "gpu/capability", "gpu/driver", "gpu/cuda", "gpu/nccl", "gpu/nvml", "gpu/gpm", "doctor/elapsed_s")
     rows += [[k, *[str(n["facts"].get(k, "-")) for n in nodes]] for k in facts if any(k in n["facts"] for n in nodes)]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]

@@ -6,6 +6,7 @@ filesystem). A local `storage_path` is refused before the first trial, in one li
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -109,6 +110,33 @@ def test_a_local_storage_path_a_node_cannot_see_is_refused_before_the_first_tria
     assert "(node " in last and ": No such file or directory)" in last and "every node mounts at the same path" in last
     assert "[trial " not in run.stdout, run.stdout[-3000:]  # before the first trial
     print(f"refused in {took:.1f} s")
+
+
+def test_validate_here_and_the_doctor_name_each_node_that_cannot_see_it(two_disks: dict[str, str]) -> None:
+    """`sweeps validate --here` on the cluster a run would join refuses as the run does (exit 5); the doctor's
+    storage check gives each node its `host/storage_shared` fact and a finding for the worker node alone."""
+    tmp = Path(two_disks["tmp"])
+    spec = tmp / "validate.yaml"
+    spec.write_text(SPEC.format(db=tmp / "mlflow.db", storage=two_disks["storage"]))
+    env = {**os.environ, "RAY_ADDRESS": two_disks["address"], "RAY_AUTH_MODE": "token",
+           "RAY_AUTH_TOKEN_PATH": two_disks["RAY_AUTH_TOKEN_PATH"], "PYTHONPATH": str(REPO)}
+    said = subprocess.run([sys.executable, "-m", "sweeps", "validate", "--here", str(spec)], cwd=tmp, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert said.returncode == 5, (said.returncode, said.stdout, said.stderr[-3000:])
+    assert said.stderr.strip().splitlines()[-1].startswith(
+        f"error: storage_path {two_disks['storage']} is not visible from 1 of 2 nodes ("), said.stderr[-3000:]
+    ask = ("import json, ray; ray.init(logging_level='ERROR'); from sweeps.ops.doctor import shared_storage_findings; "
+           "labels = {n['NodeID']: n['NodeID'][:8] for n in ray.nodes() if n['Alive']}; "
+           "nodes = [{'node': label, 'facts': {}} for label in labels.values()]; "
+           f"found = shared_storage_findings({two_disks['storage']!r}, nodes, labels); "
+           "print(json.dumps({'findings': found, 'nodes': nodes}))")
+    out = subprocess.run([sys.executable, "-c", ask], cwd=tmp, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    shared = sorted(n["facts"]["host/storage_shared"] for n in report["nodes"])
+    assert shared == ["no: No such file or directory", "yes"], report
+    (finding,) = report["findings"]
+    assert f"storage_path {two_disks['storage']} is not visible there (No such file or directory)" in finding
 
 
 S3_SPEC = """\
