@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -20,18 +21,28 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from trainables import contract, registry
-from trainables.batches import default_counter, move_to_device, xy_step
+from trainables.batches import default_counter, loss_of, move_to_device, xy_step
 from trainables.contract import TrialConfig
 from trainables.flop_count import flops_per_item
 from trainables.instruments import Instruments
 from trainables.loop_errors import WorkloadError
+from trainables.memory_model import (
+    Activations,
+    ParamCounts,
+    Prediction,
+    measure_activations,
+    model_states,
+    optimizer_bytes_per_param,
+)
 from trainables.noise_scale import CommTimer, HookState, NoiseScale, ddp_hook
 from trainables.peak_flops import cluster_peak
 from trainables.precision import Precision, resolve_precision
-from trainables.sharding import Wrapping, find_blocks, shard
+from trainables.sharding import Blocks, Wrapping, find_blocks, shard
 from trainables.telemetry import Telemetry
 from trainables.window import world
 from trainables.workloads.base import BuildContext, Workload, prepared
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -83,6 +94,7 @@ class BuildFacts:
     build_s: float = 0.0  # this rank's build: workload and its data, model to device, FLOPs, DDP, optimizer
     data_prep_s: float = 0.0  # of which making data files once per node (`ensure_cached`): no later trial repeats it
     data_cached: int = 0  # `ensure_cached` calls in the build: 0 where the workload keeps its data some other way
+    predicted: Prediction | None = None  # this rank's peak memory, predicted before its first step
 
 
 @dataclass
@@ -114,6 +126,7 @@ def build(cfg: TrialConfig, device: torch.device) -> Built:
         torch.cuda.set_device(device)
     torch.manual_seed(cfg.seed)
     prec = resolve_precision(cfg.precision, device, cfg.tf32_under_autocast)  # before any work: unsupported fails fast
+    prec_bytes_16 = prec.autocast_dtype is not None  # the forward's parameters: autocast's or FSDP2's 16-bit copies
     tags = prec.apply_matmul_flags()
     if cfg.tf32_under_autocast and device.type != "cuda" and rank == 0:
         warnings.warn("tf32_under_autocast has no effect without CUDA (a CPU has no TF32)", stacklevel=3)
@@ -130,6 +143,8 @@ def build(cfg: TrialConfig, device: torch.device) -> Built:
     # torchtitan's order: activation checkpointing on each block, compile each block, fully_shard each block and
     # the root (sharding.py); DDP wraps the model as before
     blocks = find_blocks(model, wl.blocks)
+    activations = None if cfg.probe else sample_activations(wl, model, blocks, step_fn, prec, device)
+    counts = ParamCounts.of(model, blocks)
     layout = shard(model, blocks, Wrapping.of(cfg.strategy, cfg.activation_checkpointing, cfg.compile, cfg.precision),
                    device, world_size)
     tags |= layout.tags
@@ -160,8 +175,46 @@ def build(cfg: TrialConfig, device: torch.device) -> Built:
     prep_s, calls = prepared()
     bundle = ModelBundle(wl, model, ddp, forward_model, step_fn, count, optimizer, prec.make_scaler(), channels_last,
                          [p for p in model.parameters() if p.requires_grad], flops, layout.sharded)
-    facts = BuildFacts(tags, build_s=time.perf_counter() - t0, data_prep_s=prep_s - prep0, data_cached=calls - calls0)
+    predicted = predict(counts, activations, optimizer, cfg, world_size, 2 if prec_bytes_16 else 4)
+    facts = BuildFacts(tags, build_s=time.perf_counter() - t0, data_prep_s=prep_s - prep0, data_cached=calls - calls0,
+                       predicted=predicted)
     return Built(cfg, device, rank, world_size, prec, pin, bundle, Instruments(telemetry, noise, comm), facts)
+
+
+def sample_activations(wl: Workload, model: nn.Module, blocks: Blocks, step: Callable[[nn.Module, Any], Any],
+                       prec: Precision, device: torch.device) -> Activations | None:
+    """Measure what one validation sample's forward keeps for backward, per activation-checkpointing mode.
+
+    None where it cannot (a warning says why). The bare model, before sharding; its buffers and the RNG streams
+    are left as they were."""
+    loader = DataLoader(wl.val_dataset, batch_size=1, collate_fn=wl.collate_fn)
+    sample = next(iter(loader), None)
+    if sample is None:
+        return None
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            batch = move_to_device(sample, device)
+            return measure_activations(model, blocks, lambda m: loss_of(step(m, batch), training=True),
+                                       prec.autocast())
+    except Exception as exc:  # noqa: BLE001 - a forward the measurement cannot run only loses the prediction
+        logger.warning("activation memory not measured (%s: %s): memory/predicted_gib will be absent",
+                       type(exc).__name__, exc)
+        return None
+    finally:
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                b.copy_(buffers[name])
+
+
+def predict(counts: ParamCounts, activations: Activations | None, optimizer: torch.optim.Optimizer,
+            cfg: TrialConfig, world: int, compute_bytes: int) -> Prediction | None:
+    """This rank's predicted peak: model states by strategy, the micro-batch's activations by AC mode."""
+    optimizer_bytes = optimizer_bytes_per_param(optimizer)
+    if activations is None or optimizer_bytes is None:
+        return None
+    states = model_states(counts, world, cfg.strategy, compute_bytes, optimizer_bytes)
+    return Prediction(states, activations.of(cfg.activation_checkpointing) * cfg.batch_size)
 
 
 def gpu_layout(device: torch.device, precision: str, world: int) -> tuple[float | None, dict[str, str]]:

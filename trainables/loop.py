@@ -347,6 +347,9 @@ class _Run:
         final[contract.FINAL] = 1
         if length.done_before:
             final[contract.RESTORED_FROM] = length.done_before
+        if t.facts.predicted is not None:  # beside the measured peak (memory/max_allocated_gib, memory/peak_rss_gib)
+            final[contract.MEM_PREDICTED_GIB] = t.facts.predicted.total_gib
+            final[contract.MEM_PREDICTED_ACTIVATIONS_GIB] = t.facts.predicted.activations_gib
         final[contract.LOOP_S], final[contract.BUILD_S], prep_s, cached, waited = all_reduce(
             [time.perf_counter() - loop_t0, t.facts.build_s, t.facts.data_prep_s, float(t.facts.data_cached),
              win.timer.report_wait_s],

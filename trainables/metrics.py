@@ -184,6 +184,16 @@ MEM_PEAK_RSS_GIB = _declare(Metric(
     "memory/peak_rss_gib", "GiB", "a rank's peak resident host memory over the measured window (Linux `VmHWM`, "
     "reset at the window's start by writing 5 to `/proc/self/clear_refs`), max over ranks: on a CPU, what the "
     "trial's model, optimizer and activations used", "not Linux, or its peak cannot be reset there", ranks="max"))
+MEM_PREDICTED_GIB = _declare(Metric(
+    "memory/predicted_gib", "GiB", "the rank's peak predicted before its first step (`trainables.memory_model`): "
+    "model states by strategy from the parameter count, plus activations from one measured forward of one sample "
+    "times the micro-batch, under the trial's activation checkpointing; compare with `memory/max_allocated_gib` on "
+    "a GPU (on a CPU the resident set also holds the process's libraries and data: compare orders)",
+    "a probe, a workload without validation data, an optimizer whose state is not known, or a forward the "
+    "measurement cannot run (a warning says why)", final_only=True))
+MEM_PREDICTED_ACTIVATIONS_GIB = _declare(Metric(
+    "memory/predicted_activations_gib", "GiB", "of `memory/predicted_gib`: what the micro-batch's forward keeps "
+    "for backward", "as `memory/predicted_gib`", final_only=True))
 MEM_HEADROOM_GIB = _declare(Metric(
     "memory/headroom_gib", "GiB", "what is left of the device (host memory on a CPU), min over ranks",
     ranks="min"))

@@ -83,6 +83,13 @@ _SAVE_OPS = {
 _MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
 
 
+def keeps(func: Any, counts: dict[str, int], mode: str) -> bool:
+    """Whether the selective policy keeps `func`'s output (`counts`: the block's matmuls so far, per `mode`)."""
+    if func in _MATMULS:
+        counts[mode] += 1
+    return func in _SAVE_OPS and not (func in _MATMULS and counts[mode] % 2 == 0)
+
+
 def _selective_context() -> Any:
     """A fresh pair of contexts for one checkpointed call: the per-op policy, its matmul count reset."""
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
@@ -90,10 +97,7 @@ def _selective_context() -> Any:
     counts: dict[str, int] = defaultdict(int)
 
     def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-        mode = "recompute" if ctx.is_recompute else "forward"
-        if func in _MATMULS:
-            counts[mode] += 1
-        keep = func in _SAVE_OPS and not (func in _MATMULS and counts[mode] % 2 == 0)
+        keep = keeps(func, counts, "recompute" if ctx.is_recompute else "forward")
         return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
 
     return create_selective_checkpoint_contexts(policy)

@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from sweeps.results.contention import contended_rows, contention_sentence
+from sweeps.results.memory_trade import memory_sentence
 from sweeps.results.money import money_key, money_sentence
 from sweeps.results.outcome import MEASURED, REPLICATE_TAG, SweepOutcome, TrialRow, at_word
 from sweeps.results.quality import DEGRADED_TAG, efficiency, scaling_twin, workers
@@ -455,6 +456,9 @@ def answer(outcome: SweepOutcome) -> str:
     money = money_sentence(outcome, lambda t: configuration(outcome, t))
     if money:
         text += f" {money}"
+    memory = memory_sentence(outcome, lambda t: configuration(outcome, t))
+    if memory:
+        text += f" {memory}."
     shared = contention_sentence(outcome)
     if shared:
         text += f" Caution, {shared[0].lower()}{shared[1:]}."

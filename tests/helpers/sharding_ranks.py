@@ -140,10 +140,12 @@ def loops(rank: int, world: int, data_dir: str, tmp: Path) -> dict[str, Any]:
     final = train(_cfg(data_dir, strategy="fsdp_no_reshard", precision="bf16-mixed", grad_accum_steps=2),
                   ListReporter(), CPU)
     out["bf16_no_reshard"] = [final[contract.LOSS_VAL], final.get("precision/autocast_dtype")]
-    for strategy, ac in (("ddp", "none"), ("fsdp", "none"), ("ddp", "full")):
+    for strategy, ac in (("ddp", "none"), ("fsdp", "none"), ("ddp", "selective"), ("ddp", "full")):
         final = train(_cfg(data_dir, workload_params=MEMORY_GPT, strategy=strategy, activation_checkpointing=ac,
                            batch_size=6, num_steps=2, num_warmup_steps=1, lr=1e-4), ListReporter(), CPU)
         out[f"rss_{strategy}_{ac}"] = final[contract.MEM_PEAK_RSS_GIB]
+        out[f"predicted_{strategy}_{ac}"] = [final.get(contract.MEM_PREDICTED_GIB),
+                                             final.get(contract.MEM_PREDICTED_ACTIVATIONS_GIB)]
     final = train(_cfg(data_dir, workload="examples.hf_causal_lm:build", workload_params={"num_val_seqs": 32},
                        strategy="fsdp",
                        activation_checkpointing="selective"), ListReporter(), CPU)

@@ -112,10 +112,11 @@ def test_cpu_run_has_cpu_telemetry_and_no_gpu_metrics(data_dir: Path) -> None:
                       workload_params={"image_size": 16, "num_train_images": 256, "num_val_images": 32, "width": 8})
     final = train(cfg, ListReporter(), torch.device("cpu"))
     assert final[contract.CPU_WORKER_PCT] > 10 and contract.CPU_LOADERS_PCT in final
-    # memory: a CPU rank's peak resident memory only (memory/peak_rss_gib), no device memory
-    assert not any(k.startswith(("gpu/", "memory/", "energy/")) and k != contract.MEM_PEAK_RSS_GIB
+    # memory: a CPU rank's peak resident memory (memory/peak_rss_gib) and the prediction, no device memory
+    assert not any(k.startswith(("gpu/", "memory/", "energy/"))
+                   and k not in (contract.MEM_PEAK_RSS_GIB, contract.MEM_PREDICTED_GIB, contract.MEM_PREDICTED_ACTIVATIONS_GIB)
                    or k == contract.H2D_COPY_PCT for k in final)
-    assert final[contract.MEM_PEAK_RSS_GIB] > 0
+    assert final[contract.MEM_PEAK_RSS_GIB] > 0 and final[contract.MEM_PREDICTED_GIB] > 0
     off = train(TrialConfig(**{**cfg.to_dict(), "telemetry_period_s": 0.0}), ListReporter(), torch.device("cpu"))
     assert contract.CPU_WORKER_PCT not in off
 

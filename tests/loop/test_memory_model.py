@@ -1,0 +1,93 @@
+"""The memory model (trainables/memory_model.py): model states by strategy, activations from one forward."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from trainables.memory_model import (
+    ParamCounts,
+    measure_activations,
+    model_states,
+    optimizer_bytes_per_param,
+)
+from trainables.sharding import find_blocks
+from trainables.workloads.declared import GPT_PRESETS
+from trainables.workloads.gpt_lm import GPT, lm_loss
+
+
+def test_model_states_by_strategy() -> None:
+    """Bytes per rank from the parameter count: AdamW's 16 per parameter under DDP (+4 for the buckets with
+    peers), a 1/world shard of them under FSDP2 plus what it gathers (the root and two blocks, or all)."""
+    n = ParamCounts(1000, 100, (300, 300, 300))
+    assert model_states(n, 1, "ddp", 4, 8) == 16_000
+    assert model_states(n, 2, "ddp", 4, 8) == 20_000
+    assert model_states(n, 2, "fsdp", 4, 8) == 8_000 + 4 * (100 + 600)
+    assert model_states(n, 2, "fsdp", 2, 8) == 8_000 + 2 * (100 + 600)  # bf16 parameters gathered
+    assert model_states(n, 2, "fsdp_no_reshard", 4, 8) == 8_000 + 4 * 1000
+    assert model_states(n, 4, "fsdp", 4, 8) < model_states(n, 2, "fsdp", 4, 8)
+
+
+def test_optimizer_state_is_known_for_adam_and_sgd_only() -> None:
+    p = [nn.Parameter(torch.zeros(2))]
+    assert optimizer_bytes_per_param(torch.optim.AdamW(p)) == 8
+    assert optimizer_bytes_per_param(torch.optim.SGD(p, lr=0.1, momentum=0.9)) == 4
+    assert optimizer_bytes_per_param(torch.optim.SGD(p, lr=0.1)) == 0
+    assert optimizer_bytes_per_param(torch.optim.Adagrad(p)) is None  # unknown: no prediction, not a guess
+
+
+class _Chain(nn.Module):
+    """Two blocks of Linear(8, 16) -> ReLU -> Linear(16, 8), and a head: every saved tensor known by hand."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8)) for _ in range(2))
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x).sum()
+
+
+def test_activations_counted_by_hand_for_each_mode() -> None:
+    """fp32, one sample: each block saves its input (32 B, for the first Linear's weight gradient) and ReLU's
+    output (64 B, which the second Linear saves too: counted once); the head saves its input (32 B, the second
+    block's output). Full checkpointing keeps each block's input, and the backward recomputes one block at a time
+    (96 B live at once); selective keeps the block's input and the first matmul's output of each block (every
+    other matmul, torchtitan's rule) and recomputes the rest of one block: here more than no checkpointing at all,
+    so no more than that is predicted."""
+    model, x = _Chain(), torch.randn(1, 8)
+    acts = measure_activations(model, find_blocks(model), lambda m: m(x))
+    inputs = 2 * 32
+    assert acts.none == 2 * (32 + 64) + 32
+    assert acts.full == 32 + inputs + 96  # the head's input, what each block gets, one block recomputed
+    assert 32 + inputs + 2 * 64 + (96 - 64) > acts.none == acts.selective
+    assert acts.full < acts.selective <= acts.none
+
+
+def test_a_gpt_orders_the_modes_and_the_measurement_changes_nothing() -> None:
+    preset = dataclasses.replace(GPT_PRESETS["tiny"], seq_len=64)
+    torch.manual_seed(0)
+    model = GPT(preset)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    idx = torch.randint(0, preset.vocab_size, (1, preset.seq_len))
+    one = measure_activations(model, find_blocks(model), lambda m: lm_loss(m(idx), idx))
+    assert 0 < one.full < one.selective < one.none
+    two = measure_activations(model, find_blocks(model), lambda m: lm_loss(m(idx.repeat(2, 1)), idx.repeat(2, 1)))
+    assert two.none == pytest.approx(2 * one.none, rel=0.02)  # linear in the samples: one sample scales
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    counts = ParamCounts.of(model, find_blocks(model))
+    assert counts.total == sum(p.numel() for p in model.parameters()) == counts.root + sum(counts.blocks)
+    assert len(counts.blocks) == preset.n_layer
+
+
+def test_a_model_without_blocks_has_one_figure() -> None:
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    x = torch.randn(1, 8)
+    acts = measure_activations(model, find_blocks(model), lambda m: m(x).sum())
+    assert acts.none == acts.selective == acts.full == 32 + 64

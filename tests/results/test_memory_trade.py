@@ -1,0 +1,60 @@
+"""The answer in memory (sweeps/results/memory_trade.py): the best's peak beside its prediction, and the trade."""
+
+from __future__ import annotations
+
+from sweeps.results.memory_trade import memory_sentence
+from sweeps.results.outcome import SweepOutcome, TrialRow
+from sweeps.results.report import answer, configuration
+from sweeps.spec import parse_spec
+from trainables import contract
+
+SPEC = """
+name: memory
+trainable: {name: gpt-lm}
+space:
+  strategy: {type: categorical, choices: [ddp, fsdp]}
+  activation_checkpointing: {type: categorical, choices: [none, full]}
+  batch_size: 8
+search: {algorithm: grid}
+budget: {num_trials: 4, num_steps: 20}
+"""
+
+
+def _row(n: int, strategy: str, ac: str, tput: float, peak: float, predicted: float | None = None,
+         key: str = contract.MEM_PEAK_RSS_GIB) -> TrialRow:
+    metrics = {contract.throughput_key("tokens"): tput, key: peak,
+               **({contract.MEM_PREDICTED_GIB: predicted} if predicted is not None else {})}
+    return TrialRow(f"t{n}", n, {"strategy": strategy, "activation_checkpointing": ac, "batch_size": 8}, f"r{n}",
+                    "ok", "", "", metrics)
+
+
+def test_the_best_and_the_leanest_with_what_the_leanest_saves_and_costs() -> None:
+    spec = parse_spec(SPEC)
+    rows = [_row(1, "ddp", "none", 1000.0, 0.80, 0.30), _row(2, "fsdp", "none", 900.0, 0.72, 0.25),
+            _row(3, "ddp", "full", 800.0, 0.70, 0.14), _row(4, "fsdp", "full", 700.0, 0.60, 0.10)]
+    outcome = SweepOutcome(spec, "p", "u", rows, 1.0)
+    said = memory_sentence(outcome, lambda t: configuration(outcome, t))
+    assert said == ("Memory (resident set, libraries and data included): the best, trial 1, peaks at 0.80 GiB per "
+                    "rank (predicted 0.30); the least, trial 4 (strategy fsdp, activation_checkpointing full), 0.60 "
+                    "GiB per rank (predicted 0.10): 25% less, at 0.70x the best's throughput/tokens_per_s")
+    assert said in answer(outcome)
+
+
+def test_a_gpu_sweep_says_the_allocator_peak_and_a_best_that_is_also_the_leanest() -> None:
+    spec = parse_spec(SPEC)
+    key = contract.MEM_MAX_ALLOCATED_GIB
+    rows = [_row(1, "fsdp", "full", 1000.0, 30.0, 29.0, key), _row(2, "ddp", "none", 900.0, 70.0, None, key)]
+    said = memory_sentence(SweepOutcome(spec, "p", "u", rows, 1.0), str)
+    assert said.startswith("Memory (allocator peak): the best, trial 1, peaks at 30.00 GiB per rank (predicted 29.00), "
+                           "the least of the sweep (the most: trial 2")
+    assert said.endswith("70.00 GiB per rank)")
+
+
+def test_nothing_said_without_a_memory_setting_searched_or_a_measured_peak() -> None:
+    rows = [_row(1, "ddp", "none", 1000.0, 0.8), _row(2, "ddp", "none", 900.0, 0.7)]
+    fixed = parse_spec(SPEC.replace("strategy: {type: categorical, choices: [ddp, fsdp]}", "strategy: ddp").replace(
+        "activation_checkpointing: {type: categorical, choices: [none, full]}", "lr: {type: categorical, choices: [0.001, 0.01]}"
+    ).replace("num_trials: 4", "num_trials: 2"))
+    assert memory_sentence(SweepOutcome(fixed, "p", "u", rows, 1.0), str) == ""
+    unmeasured = [TrialRow("t1", 1, {}, "r1", "ok", "", "", {contract.throughput_key("tokens"): 1.0})] * 2
+    assert memory_sentence(SweepOutcome(parse_spec(SPEC), "p", "u", unmeasured, 1.0), str) == ""

@@ -1,0 +1,186 @@
+"""A trial's peak memory per rank, predicted before its first step: model states by strategy, activations measured.
+
+Model states come from the parameter count (bytes per parameter: fp32 parameters and gradients, the optimizer's
+state; DDP's gradient buckets; under FSDP2 a 1/world shard of each plus what it gathers unsharded at once: the root
+and two blocks in flight with `reshard_after_forward`, every block without it). Activations come from one measured
+forward of one sample on the bare model, under the trial's autocast (`measure_activations`): what autograd saves
+for backward outside the blocks and inside each, each block's input, and the outputs of the ops torchtitan's
+selective policy keeps (`sharding.keeps`), so one forward gives all three activation-checkpointing modes. The
+sample's bytes scale with the micro-batch.
+
+What it leaves out, on purpose and said in `docs/explain/memory.md`: the allocator's fragmentation and cache
+(the gap between `memory/max_allocated_gib` and `memory/max_reserved_gib`), the communication buffers, the
+backward's transient gradients of one block, and on a CPU everything the process holds besides the model (its
+libraries, the data): there the prediction orders configurations, the resident set does not equal it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from contextlib import ExitStack, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from trainables.knobs import SHARDED
+from trainables.sharding import Blocks, keeps
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Activations:
+    """Bytes one sample's forward keeps for backward, by activation-checkpointing mode."""
+
+    none: int
+    selective: int
+    full: int
+
+    def of(self, mode: str) -> int:
+        """The bytes under `mode` (`none`, `selective` or `full`)."""
+        return int(getattr(self, mode))
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A rank's predicted peak, in bytes, in its two parts."""
+
+    states: int  # parameters, gradients, optimizer state, buckets, what FSDP2 gathers at once
+    activations: int  # what the micro-batch's forward keeps for backward
+
+    @property
+    def total_gib(self) -> float:
+        return (self.states + self.activations) / GIB
+
+    @property
+    def activations_gib(self) -> float:
+        return self.activations / GIB
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """A model's parameters: all (a tied weight once), those outside its blocks, each block's."""
+
+    total: int
+    root: int
+    blocks: tuple[int, ...]
+
+    @classmethod
+    def of(cls, model: nn.Module, blocks: Blocks) -> ParamCounts:
+        """Count them on the bare model (before sharding)."""
+        total = sum(p.numel() for p in model.parameters())
+        each = tuple(sum(p.numel() for p in b.parameters()) for b in blocks.container or [])
+        return cls(total, total - sum(each), each)
+
+
+def optimizer_bytes_per_param(optimizer: torch.optim.Optimizer) -> int | None:
+    """State bytes per fp32 parameter of the optimizers whose state is known: Adam's two moments, SGD's momentum."""
+    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        return 8
+    if isinstance(optimizer, torch.optim.SGD):
+        return 4 if optimizer.defaults.get("momentum", 0) else 0
+    return None
+
+
+def model_states(counts: ParamCounts, world: int, strategy: str, compute_bytes: int, optimizer_bytes: int) -> int:
+    """Bytes of model states per rank.
+
+    `compute_bytes`: a parameter's bytes in the forward (2 with bf16 parameters or autocast, else 4)."""
+    params, root_params, block_params = counts.total, counts.root, counts.blocks
+    per_param = 4 + 4 + optimizer_bytes  # fp32 parameter, fp32 gradient, the optimizer's state
+    if strategy not in SHARDED:  # autocast's 16-bit weight copies that backward needs are measured activations
+        buckets = 4 * params if world > 1 else 0  # DDP reduces gradients in buckets of their own
+        return per_param * params + buckets
+    shard = per_param * params // max(world, 1)
+    if strategy == "fsdp":  # the root's parameters, and at most two blocks gathered at once (one prefetched)
+        largest = sorted(block_params, reverse=True)[:2]
+        gathered = root_params + sum(largest)
+    else:  # fsdp_no_reshard: every block stays gathered from its forward to its backward
+        gathered = params
+    return shard + compute_bytes * gathered
+
+
+class _KeptOutputs(TorchDispatchMode):
+    """Inside a block: the bytes of the outputs torchtitan's selective policy keeps (`sharding.keeps`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block: int | None = None  # the block running now, by its place in the forward
+        self.counts: dict[str, int] = defaultdict(int)
+        self.kept: dict[int, int] = defaultdict(int)  # per block
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if self.block is not None and keeps(func, self.counts, "forward"):
+            first = out[0] if isinstance(out, (tuple, list)) else out
+            if isinstance(first, torch.Tensor):
+                self.kept[self.block] += first.numel() * first.element_size()
+        return out
+
+
+def measure_activations(model: nn.Module, blocks: Blocks, forward: Callable[[nn.Module], torch.Tensor],
+                        autocast: Any = None) -> Activations:
+    """Run `forward(model)` once (one sample) and return what it keeps for backward under each AC mode.
+
+    Parameters and buffers are not activations (their storages are left out); a storage saved twice counts once.
+    The model is left as it was (its gradients untouched: no backward runs), and nothing saved outlives it."""
+    owned = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    seen: set[int] = set()
+    saved: dict[int | None, int] = defaultdict(int)  # per block (None: outside the blocks)
+    inputs = 0
+    kept = _KeptOutputs()
+
+    held: list[torch.Tensor] = []  # every saved tensor, alive until the forward ends: no storage is reused
+
+    def pack(t: torch.Tensor) -> None:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in owned and ptr not in seen:
+            seen.add(ptr)
+            saved[kept.block] += t.untyped_storage().nbytes()
+        held.append(t)
+        # Not the tensor itself: no backward runs, and a hook that returns a saved output closes a reference cycle
+        # (output -> its grad_fn -> the output) that outlived the measurement, activations and all
+        return None
+
+    def unpack(_: None) -> torch.Tensor:
+        raise RuntimeError("the activation measurement keeps no tensor: no backward may run through it")
+
+    calls: list[int] = []  # each block's forward, in order
+
+    def enter(_: nn.Module, args: tuple[Any, ...]) -> None:
+        nonlocal inputs
+        inputs += sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
+        kept.block = len(calls)
+        calls.append(kept.block)
+        kept.counts.clear()
+
+    def leave(*_: Any) -> None:
+        kept.block = None
+
+    hooks = [h for b in (blocks.container or []) for h in (b.register_forward_pre_hook(enter),
+                                                           b.register_forward_hook(leave))]
+    try:
+        with ExitStack() as stack:
+            stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, unpack))
+            stack.enter_context(autocast if autocast is not None else nullcontext())
+            stack.enter_context(kept)
+            loss = forward(model)
+        del loss
+    finally:
+        held.clear()
+        for h in hooks:
+            h.remove()
+    outside = saved[None]
+    if not calls:  # no blocks: checkpointing has nothing to wrap (refused), all is "outside"
+        return Activations(outside, outside, outside)
+    inside = sum(saved[b] for b in calls)
+    # the backward recomputes one block at a time: its activations (the policy's recomputed ones) live at once
+    recomputed_full = max(saved[b] for b in calls)
+    recomputed_selective = max(max(saved[b] - kept.kept[b], 0) for b in calls)
+    none = outside + inside
+    return Activations(none=none, selective=min(outside + inputs + sum(kept.kept.values()) + recomputed_selective, none),
+                       full=min(outside + inputs + recomputed_full, none))
