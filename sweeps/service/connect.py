@@ -105,8 +105,18 @@ def connect_ray(runtime_env: Callable[[dict[str, str]], dict[str, Any] | None],
 
 def _init(start: Callable[[], Any]) -> None:
     """Run `ray.init`, turning what the machine refuses into an `EnvironmentProblem`."""
+    from ray.exceptions import AuthenticationError
+
     try:
         start()
+    except AuthenticationError as exc:  # Ray's own words run to several sentences and a link: its first, and the fix
+        said = str(exc).split(". ")[0].strip() or type(exc).__name__
+        named = os.environ.get("RAY_AUTH_TOKEN_PATH")
+        fix = (f"put the cluster's token in {named} (`ray get-auth-token` prints it on the head), or unset "
+               "RAY_AUTH_TOKEN_PATH to run on a new local instance, which makes its own token in ~/.ray/auth_token"
+               if named else "set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the cluster's token, which "
+               "`ray get-auth-token` prints on the head")
+        raise EnvironmentProblem(f"Ray refused this process's credentials ({said}): {fix}") from None
     except (ConnectionError, TimeoutError) as exc:
         raise EnvironmentProblem(f"could not connect to Ray: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
                                  "; check RAY_ADDRESS, or run on a new local instance: RAY_ADDRESS=local") from None

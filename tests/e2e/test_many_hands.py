@@ -101,7 +101,7 @@ def test_a_name_with_a_trailing_newline_is_refused(tmp_path: Path) -> None:
     assert done.returncode == ExitCode.BAD_INPUT and "name: must be 1-64 letters" in done.stderr, done.stderr
 
 
-@pytest.mark.parametrize("case", ["read-only HOME", "stale cluster address", "read-only TMPDIR"])
+@pytest.mark.parametrize("case", ["read-only HOME", "stale cluster address", "read-only TMPDIR", "missing token file"])
 def test_what_ray_needs_refused_ends_in_one_line_and_exit_5(tmp_path: Path, short_tmp: Path, case: str) -> None:
     (tmp_path / "s.yaml").write_text(SMALL.format(name="env", steps=10, window=1))
     (tmp_path / "d").mkdir()
@@ -115,6 +115,10 @@ def test_what_ray_needs_refused_ends_in_one_line_and_exit_5(tmp_path: Path, shor
             (short_tmp / "ray" / "ray_current_cluster").write_text("127.0.0.1:9")
             env = {"RAY_TMPDIR": str(short_tmp)}
             said = "the Ray cluster at 127.0.0.1:9"
+        elif case == "missing token file":  # was "AuthenticationError ... (an unexpected error; its traceback ...)"
+            env = {"RAY_AUTH_TOKEN_PATH": str(tmp_path / "no-token")}
+            said = (f"Ray refused this process's credentials (RAY_AUTH_TOKEN_PATH is set but file cannot be opened or "
+                    f"is empty: {tmp_path / 'no-token'}): put the cluster's token in {tmp_path / 'no-token'}")
         else:
             env = {"TMPDIR": str(ro)}
             said = "Ray could not start: OSError: [Errno 30] Read-only file system"
