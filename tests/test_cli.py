@@ -5,12 +5,12 @@ real head, with the README's steps: tests/e2e/test_job_submit.py), and what a sw
 from __future__ import annotations
 
 import http.server
-import threading
 from collections.abc import Iterator
 
 import pytest
 
 from sweeps.cli import main
+from tests.helpers.http_stub import serving
 
 
 class _NoAgentYet(http.server.BaseHTTPRequestHandler):
@@ -37,14 +37,8 @@ class _NoAgentYet(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def no_agent_head() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NoAgentYet)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(_NoAgentYet) as url:
+        yield url
 
 
 def test_a_head_without_its_job_agent_times_out_saying_what_it_answered(

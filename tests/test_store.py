@@ -12,7 +12,6 @@ import re
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from sweeps.cli import main
 from sweeps.exits import ExitCode, StoreUnusable
 from sweeps.service.saved_state import job_banner
 from sweeps.store import DATABASE_SCHEMES, absolute_uri, open_store
+from tests.helpers.http_stub import serving
 
 
 def _tables(db: Path) -> set[str]:
@@ -259,7 +259,7 @@ def test_a_store_whose_schema_is_older_than_mlflow_names_mlflow_db_upgrade(
 @contextlib.contextmanager
 def _server_answering(status: int) -> Iterator[str]:
     """An HTTP server whose /health is fine and whose every other path answers `status` (a login's fate)."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
@@ -274,15 +274,8 @@ def _server_answering(status: int) -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serving(Handler) as url:
+        yield url
 
 
 @pytest.mark.parametrize(("status", "said"), [

@@ -14,28 +14,7 @@ import pytest
 import yaml
 
 from sweeps.ops.clustercheck import check_config, check_file
-from sweeps.ops.clustercheck_k8s import check_manifests
-
-REPO = Path(__file__).resolve().parents[2]
-TEAM = REPO / "cluster" / "team"
-K8S = REPO / "cluster" / "kubernetes"
-SHIPPED = sorted([*TEAM.glob("*.yaml"), *(TEAM / "kubernetes").glob("*.yaml")])
-HEAD = "spec.rayClusterSpec.headGroupSpec.template.spec.containers[0]"
-WORKER = "spec.rayClusterSpec.workerGroupSpecs[0].template.spec.containers[0]"
-SERVER = "spec.template.spec.containers[0]"
-
-
-def _docs(path: Path) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
-
-
-def _one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    (doc,) = [d for d in docs if d["kind"] == kind]
-    return doc
-
-
-def _found(docs: list[dict[str, Any]]) -> set[tuple[str, str]]:
-    return {(f.check, f.path) for f in check_manifests(docs)}
+from tests.helpers.team_manifests import K8S, REPO, SERVER, SHIPPED, TEAM, found_checks, load_docs, one_doc
 
 
 def test_the_team_variant_has_its_files() -> None:
@@ -49,7 +28,7 @@ def test_shipped_team_file_passes(path: Path) -> None:
 
 
 def test_team_server_migrates_before_one_server_starts() -> None:
-    deployment = _one(_docs(TEAM / "kubernetes" / "mlflow.yaml"), "Deployment")
+    deployment = one_doc(load_docs(TEAM / "kubernetes" / "mlflow.yaml"), "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     (init,) = pod["initContainers"]
     assert init["command"][:3] == ["mlflow", "db", "upgrade"] and deployment["spec"]["replicas"] == 1
@@ -62,14 +41,14 @@ def test_mlflow_image_has_the_server_packages() -> None:
     text = (TEAM / "kubernetes" / "Dockerfile.mlflow").read_text()
     assert re.search(r'"mlflow\[db,auth\]==\$\{MLFLOW_VERSION\}" boto3 psycopg2-binary', text)
     version = dict(re.findall(r"^ARG (\w+)=(\S+)", text, re.M))["MLFLOW_VERSION"]
-    pod = _one(_docs(TEAM / "kubernetes" / "mlflow.yaml"), "Deployment")["spec"]["template"]["spec"]
+    pod = one_doc(load_docs(TEAM / "kubernetes" / "mlflow.yaml"), "Deployment")["spec"]["template"]["spec"]
     images = {c["image"] for key in ("initContainers", "containers") for c in pod[key]}
     assert images == {f"ghcr.io/your-org/mlflow-team:{version}"}
 
 
 # (b) sqlite with more than one MLflow process or replica; (c) secrets
 def _server(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    container: dict[str, Any] = _one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    container: dict[str, Any] = one_doc(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     return container
 
 
@@ -88,7 +67,7 @@ BAD_SERVER: dict[str, tuple[Path, Mutation, str]] = {
                          f"{SERVER}.args"),
     "sqlite-mlflow-workers-env": (K8S / "mlflow.yaml", lambda d: (_args(_server(d), "--workers"), _server(d).update(
         env=[{"name": "MLFLOW_WORKERS", "value": "3"}])), f"{SERVER}.args"),
-    "sqlite-replicas": (K8S / "mlflow.yaml", lambda d: _one(d, "Deployment")["spec"].update(replicas=2),
+    "sqlite-replicas": (K8S / "mlflow.yaml", lambda d: one_doc(d, "Deployment")["spec"].update(replicas=2),
                         "spec.replicas"),
     "key-missing": (TEAM / "kubernetes" / "mlflow.yaml", lambda d: _env(_server(d), "MLFLOW_FLASK_SERVER_SECRET_KEY"),
                     f"{SERVER}.env"),
@@ -106,24 +85,24 @@ BAD_SERVER: dict[str, tuple[Path, Mutation, str]] = {
     "auth-users-in-sqlite": (TEAM / "kubernetes" / "mlflow.yaml", lambda d: _env(_server(d), "MLFLOW_AUTH_CONFIG_PATH"),
                              f"{SERVER}.env"),
     "upgrade-in-two-replicas": (TEAM / "kubernetes" / "mlflow.yaml",
-                                lambda d: _one(d, "Deployment")["spec"].update(replicas=2), "spec.replicas"),
+                                lambda d: one_doc(d, "Deployment")["spec"].update(replicas=2), "spec.replicas"),
 }
 
 
 @pytest.mark.parametrize("variant", sorted(BAD_SERVER))
 def test_unsafe_mlflow_server_is_caught_at_its_field(variant: str) -> None:
     path, mutate, field = BAD_SERVER[variant]
-    docs = _docs(path)
+    docs = load_docs(path)
     mutate(docs)
-    assert ("mlflow", field) in _found(docs), _found(docs)
+    assert ("mlflow", field) in found_checks(docs), found_checks(docs)
 
 
 def test_postgres_server_may_run_several_workers_and_replicas_with_a_job_upgrade() -> None:
-    docs = _docs(TEAM / "kubernetes" / "mlflow.yaml")
+    docs = load_docs(TEAM / "kubernetes" / "mlflow.yaml")
     _args(_server(docs), "--workers", "--workers=4")
-    _one(docs, "Deployment")["spec"]["template"]["spec"].pop("initContainers")
-    _one(docs, "Deployment")["spec"]["replicas"] = 3
-    assert _found(docs) == set()
+    one_doc(docs, "Deployment")["spec"]["template"]["spec"].pop("initContainers")
+    one_doc(docs, "Deployment")["spec"]["replicas"] = 3
+    assert found_checks(docs) == set()
 
 
 # The launcher YAMLs: today's run one process on sqlite; the team's takes every secret from Secrets Manager.

@@ -14,39 +14,19 @@ import yaml
 from sweeps.cli import main
 from sweeps.ops.clustercheck_k8s import check_manifests
 from sweeps.spec import parse_spec
-
-REPO = Path(__file__).resolve().parents[2]
-TEAM = REPO / "cluster" / "team"
-K8S = REPO / "cluster" / "kubernetes"
-SHIPPED = sorted([*TEAM.glob("*.yaml"), *(TEAM / "kubernetes").glob("*.yaml")])
-HEAD = "spec.rayClusterSpec.headGroupSpec.template.spec.containers[0]"
-WORKER = "spec.rayClusterSpec.workerGroupSpecs[0].template.spec.containers[0]"
-SERVER = "spec.template.spec.containers[0]"
-
-
-def _docs(path: Path) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
-
-
-def _one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    (doc,) = [d for d in docs if d["kind"] == kind]
-    return doc
-
-
-def _found(docs: list[dict[str, Any]]) -> set[tuple[str, str]]:
-    return {(f.check, f.path) for f in check_manifests(docs)}
+from tests.helpers.team_manifests import HEAD, K8S, SHIPPED, TEAM, WORKER, found_checks, load_docs, one_doc
 
 
 def _job_spec(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    return yaml.safe_load(_one(docs, "ConfigMap")["data"]["sweep.yaml"])
+    return yaml.safe_load(one_doc(docs, "ConfigMap")["data"]["sweep.yaml"])
 
 
 def test_team_rayjob_keeps_storage_on_the_object_store_with_credentials_on_every_pod() -> None:
-    docs = _docs(TEAM / "kubernetes" / "rayjob.yaml")
+    docs = load_docs(TEAM / "kubernetes" / "rayjob.yaml")
     assert _job_spec(docs)["storage_path"].startswith("s3://")
-    spec = parse_spec(_one(docs, "ConfigMap")["data"]["sweep.yaml"], "team rayjob.yaml ConfigMap")  # the whole spec
+    spec = parse_spec(one_doc(docs, "ConfigMap")["data"]["sweep.yaml"], "team rayjob.yaml ConfigMap")  # the whole spec
     assert spec.storage_path == "s3://team-bucket/sweeps" and spec.tracking.uri == "http://mlflow:5000"
-    cluster = _one(docs, "RayJob")["spec"]["rayClusterSpec"]
+    cluster = one_doc(docs, "RayJob")["spec"]["rayClusterSpec"]
     for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
         pod = group["template"]["spec"]
         env = {e["name"]: e for e in pod["containers"][0]["env"]}
@@ -59,8 +39,8 @@ def test_team_rayjob_keeps_storage_on_the_object_store_with_credentials_on_every
 
 
 def test_team_raycluster_is_the_rayjobs_cluster() -> None:
-    cluster = _one(_docs(TEAM / "kubernetes" / "raycluster.yaml"), "RayCluster")["spec"]
-    job = copy.deepcopy(_one(_docs(TEAM / "kubernetes" / "rayjob.yaml"), "RayJob")["spec"]["rayClusterSpec"])
+    cluster = one_doc(load_docs(TEAM / "kubernetes" / "raycluster.yaml"), "RayCluster")["spec"]
+    job = copy.deepcopy(one_doc(load_docs(TEAM / "kubernetes" / "rayjob.yaml"), "RayJob")["spec"]["rayClusterSpec"])
     head = job["headGroupSpec"]["template"]["spec"]
     del head["volumes"], head["containers"][0]["volumeMounts"]  # the spec's ConfigMap
     for spec in (cluster, job):
@@ -71,12 +51,12 @@ def test_team_raycluster_is_the_rayjobs_cluster() -> None:
 
 # (a) storage_path that a worker group cannot reach
 def _drop_worker_mount(docs: list[dict[str, Any]]) -> None:
-    c = _one(docs, "RayJob")["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    c = one_doc(docs, "RayJob")["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
     c["volumeMounts"] = [m for m in c["volumeMounts"] if m["name"] != "results"]
 
 
 def test_head_only_volume_as_storage_path_is_caught() -> None:
-    docs = _docs(K8S / "rayjob.yaml")
+    docs = load_docs(K8S / "rayjob.yaml")
     _drop_worker_mount(docs)
     findings = [f for f in check_manifests(docs) if f.check == "storage"]
     assert [(f.doc, f.path) for f in findings] == [("RayJob/gpu-sweep", f"{WORKER}.volumeMounts")]
@@ -85,34 +65,34 @@ def test_head_only_volume_as_storage_path_is_caught() -> None:
 
 @pytest.mark.parametrize("storage", ["/tmp/ray_results", "ray_results"])
 def test_storage_on_the_heads_own_disk_is_caught(storage: str) -> None:
-    docs = _docs(K8S / "rayjob.yaml")
-    config = _one(docs, "ConfigMap")
+    docs = load_docs(K8S / "rayjob.yaml")
+    config = one_doc(docs, "ConfigMap")
     config["data"]["sweep.yaml"] = config["data"]["sweep.yaml"].replace("/mnt/results/ray_results", storage)
-    assert ("storage", f"{WORKER}.volumeMounts") in _found(docs)
+    assert ("storage", f"{WORKER}.volumeMounts") in found_checks(docs)
 
 
 def test_head_only_volume_without_worker_groups_passes() -> None:
-    docs = _docs(K8S / "rayjob.yaml")
+    docs = load_docs(K8S / "rayjob.yaml")
     _drop_worker_mount(docs)
-    _one(docs, "RayJob")["spec"]["rayClusterSpec"]["workerGroupSpecs"] = []
+    one_doc(docs, "RayJob")["spec"]["rayClusterSpec"]["workerGroupSpecs"] = []
     assert not any(f.check == "storage" for f in check_manifests(docs))
 
 
 @pytest.mark.parametrize("group", [HEAD, WORKER])
 def test_object_store_without_credentials_on_a_group_is_caught(group: str) -> None:
-    docs = _docs(TEAM / "kubernetes" / "rayjob.yaml")
-    cluster = _one(docs, "RayJob")["spec"]["rayClusterSpec"]
+    docs = load_docs(TEAM / "kubernetes" / "rayjob.yaml")
+    cluster = one_doc(docs, "RayJob")["spec"]["rayClusterSpec"]
     g = cluster["headGroupSpec"] if group == HEAD else cluster["workerGroupSpecs"][0]
     c = g["template"]["spec"]["containers"][0]
     c["env"] = [e for e in c["env"] if not e["name"].startswith("AWS_")]
-    assert _found(docs) == {("storage", f"{group}.env")}
+    assert found_checks(docs) == {("storage", f"{group}.env")}
     g["template"]["spec"]["serviceAccountName"] = "sweeps-s3"  # an IAM role for service accounts
-    assert _found(docs) == set()
+    assert found_checks(docs) == set()
 
 
 def test_cli_names_file_field_and_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["cluster-check", *map(str, SHIPPED)]) == 0
-    docs = _docs(K8S / "rayjob.yaml")
+    docs = load_docs(K8S / "rayjob.yaml")
     _drop_worker_mount(docs)
     bad = tmp_path / "head-only.yaml"
     bad.write_text(yaml.safe_dump_all(docs))
