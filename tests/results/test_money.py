@@ -300,18 +300,22 @@ def test_a_sweep_over_two_labelled_node_types_runs_each_trial_on_its_type_and_na
         assert m["cost/usd_per_hour"] == pytest.approx(rate)
         assert m["cost/usd_per_1m_samples"] == pytest.approx(rate / (m["throughput/samples_per_s"] * 3600) * 1e6)
         assert 0 < m["cost/trial_usd"] < rate * 60 / 3600  # a trial of seconds, at its rate
-    assert r["best_type"] == "small"  # the same CPUs at a quarter of the price
+    # the same CPUs at a quarter of the price: small wins unless other tests' processes starve its trials of their
+    # cores (CI runs two at once; each trial says when it was measured under contention), so the test holds the
+    # sweep to its measured dollars, not to the price list: the objective's winner is the cheapest per sample
+    cheapest = min(r["trials"], key=lambda t: t["metrics"]["cost/usd_per_1m_samples"])
+    assert r["best_type"] == cheapest["type"], [(t["type"], t["metrics"]["cost/usd_per_1m_samples"]) for t in r["trials"]]
     # what the sweep held: its one driver's warm groups, from asking for their devices to their end (the trials
     # ran inside them): at least the trials, at most the sweep's whole wall time at the dearer type's rate
     swept = r["parent_metrics"]["cost/sweep_usd"]
     assert [d["held_usd"] for d in r["drivers"]] == [pytest.approx(swept)]
     assert sum(t["metrics"]["cost/trial_usd"] for t in r["trials"]) < swept < r["wall_s"] * 0.40 / 3600
-    assert "**Cheapest: trial" in r["note"] and "cores of small" in r["note"] and "The sweep cost $" in r["note"]
+    assert "**Cheapest: trial" in r["note"] and f"cores of {cheapest['type']}" in r["note"] and "The sweep cost $" in r["note"]
     # the prices it read when it started are kept; the report, from another directory after the file changed, says
     # the same dollars (the terminal's answer names the cheapest too)
     assert r["saved_prices"]["small"]["usd_per_hour"] == 0.05 and r["report_rc"] == 0, r["report"][-2000:]
     said = r["report"].split("In money: ", 1)[1]
-    assert said.startswith("Cheapest: trial") and "cores of small" in said, said
+    assert said.startswith("Cheapest: trial") and f"cores of {cheapest['type']}" in said, said
     assert f"The sweep cost ${swept:.3g}" in said and "small $0.05/core-hour" in said, said
     assert any("in money, their training alone: $" in line for line in r["lines"]), r["lines"][:5]
 
