@@ -70,6 +70,7 @@ def _run(args: argparse.Namespace) -> int:
 def _print_outcome(outcome: Any, title: str) -> None:
     from sweeps.results.memory_trade import memory_sentence
     from sweeps.results.money import money_sentence
+    from sweeps.results.payback import payback_sentence
     from sweeps.results.report import (
         best_fragment,
         compared_run_ids,
@@ -104,6 +105,9 @@ def _print_outcome(outcome: Any, title: str) -> None:
     memory = memory_sentence(outcome, lambda t: configuration(outcome, t))
     if memory:
         print("\n" + memory)
+    compiled = payback_sentence(outcome)
+    if compiled:
+        print("\n" + compiled)
     uri, parent = outcome.tracking_uri, outcome.parent_run_id
     print("\n" + "\n".join(ui_links(uri, experiment_of(uri, parent), parent, compared_run_ids(outcome))))
     if outcome.best is None:  # last: a job's status shows the log's last line alone, and it says the first failure

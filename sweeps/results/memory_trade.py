@@ -7,13 +7,22 @@ trial's peak per rank beside its prediction, and the trial with the smallest pea
 what share of the best's throughput. A GPU's figure is the allocator's peak (`memory/max_allocated_gib`); a CPU's
 the rank's resident set (`memory/peak_rss_gib`), which also holds the process's libraries and data, so there the
 prediction (model states and activations only) sits below it and the two are compared by their order.
+
+**Memory-bound** (`frontier_sentence`): where the best trial's batch is the largest its memory settings ran (a larger
+batch with the same settings ran out of memory), the sentence says which setting let the larger batch fit (a trial at
+that batch that differs only in one `TRADES` setting and finished), what that setting costs at the best's own batch
+(its twin there, measured), and how the larger batch with it ran against the best: "Memory-bound: batch_size 8 is the
+largest that fit with activation_checkpointing none (16 ran out of memory: trial 5); 16 fit with
+activation_checkpointing selective (trial 7), which costs 12% of the throughput at batch_size 8 (trial 3 vs trial
+1), and ran at 0.95x the best's throughput/tokens_per_s". Only what the sweep measured is said: no OOM, or no
+leaner trial at the larger batch, and the sentence says less or nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from sweeps.results.outcome import SweepOutcome, TrialRow, number
+from sweeps.results.outcome import SweepOutcome, TrialRow, number, same, twins
 from trainables.contract import (
     MEM_MAX_ALLOCATED_GIB,
     MEM_PEAK_RSS_GIB,
@@ -40,7 +49,14 @@ def _peak(t: TrialRow, key: str) -> str:
 
 
 def memory_sentence(outcome: SweepOutcome, configuration: Callable[[TrialRow], str]) -> str:
-    """Say the memory trade; empty where no `TRADES` setting varied or fewer than two trials measured a peak."""
+    """Say the memory trade: the peaks, then whether the best is memory-bound.
+
+    They are `peaks_sentence` and `frontier_sentence`; empty where neither has anything to say."""
+    return ". ".join(s for s in (peaks_sentence(outcome, configuration), frontier_sentence(outcome)) if s)
+
+
+def peaks_sentence(outcome: SweepOutcome, configuration: Callable[[TrialRow], str]) -> str:
+    """Say the peaks per rank; empty where no `TRADES` setting varied or fewer than two trials measured a peak."""
     searched = outcome.spec.space.searched()
     if not any(k in searched for k in TRADES):
         return ""
@@ -62,4 +78,50 @@ def memory_sentence(outcome: SweepOutcome, configuration: Callable[[TrialRow], s
                   if k.startswith(THROUGHPUT_PREFIX) and k in best.metrics and k in leanest.metrics), None)
     if speed is not None and best.metrics[speed] > 0:
         text += f", at {leanest.metrics[speed] / best.metrics[speed]:.2f}x the best's {speed}"
+    return text
+
+
+def _speed_key(outcome: SweepOutcome, *rows: TrialRow) -> str | None:
+    return next((k for k in (outcome.spec.objective.primary, throughput_key("samples"), throughput_key("tokens"))
+                 if k.startswith(THROUGHPUT_PREFIX) and all(number(r.metrics.get(k)) for r in rows)), None)
+
+
+def _said(knob: str, value: object) -> str:
+    return f"{knob} {value}"
+
+
+def frontier_sentence(outcome: SweepOutcome) -> str:
+    """Say that the best trial is memory-bound, and what the sweep measured would let a larger batch fit.
+
+    Empty where no larger batch with the best's settings ran out of memory, or no memory setting or batch was
+    searched."""
+    searched, best = outcome.spec.space.searched(), outcome.best
+    if best is None or "batch_size" not in searched or not any(k in searched for k in TRADES):
+        return ""
+    batch = number(best.params.get("batch_size"))
+    out = [t for t in outcome.trials if t.status == "oom" and twins(best, t, "batch_size")
+           and (number(t.params.get("batch_size")) or 0) > (batch or 0)]
+    if batch is None or not out:
+        return ""
+    oom = min(out, key=lambda t: (number(t.params["batch_size"]), t.number))
+    larger = oom.params["batch_size"]
+    held = ", ".join(_said(k, best.params.get(k)) for k in TRADES if k in searched)
+    text = (f"Memory-bound: batch_size {best.params['batch_size']} is the largest that fit with {held} "
+            f"({larger} ran out of memory: trial {oom.number})")
+    fit = [(k, t) for t in outcome.trials if t.status == "ok" and same(t.params.get("batch_size"), larger)
+           for k in TRADES if k in searched and not same(t.params.get(k), oom.params.get(k)) and twins(oom, t, k)]
+    if not fit:
+        return text + "; no trial ran it with another memory setting"
+    speed = _speed_key(outcome, best)
+    knob, leaner = max(fit, key=lambda kt: (number(kt[1].metrics.get(speed or "")) or 0.0, -kt[1].number))
+    text += f"; {larger} fit with {_said(knob, leaner.params[knob])} (trial {leaner.number})"
+    cost = [t for t in outcome.ranked() if twins(best, t, knob) and same(t.params.get(knob), leaner.params[knob])]
+    if speed is not None and cost and _speed_key(outcome, cost[0]):
+        ratio = cost[0].metrics[speed] / best.metrics[speed]
+        text += (f", which costs {100 * (1 - ratio):.0f}% of the throughput at batch_size {best.params['batch_size']} "
+                 f"(trial {cost[0].number} vs trial {best.number})" if ratio < 1 else
+                 f", which costs nothing measurable at batch_size {best.params['batch_size']} (trial {cost[0].number}: "
+                 f"{ratio:.2f}x trial {best.number})")
+    if speed is not None and _speed_key(outcome, leaner):
+        text += f", and ran at {leaner.metrics[speed] / best.metrics[speed]:.2f}x the best's {speed}"
     return text

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sweeps.spec import SweepSpec
+from sweeps.spec.sections import GLOBAL_BATCH_FIXED
 from trainables.contract import ELAPSED_S, EVALS, FINAL, STEPS, TARGET_BEST, TO_TARGET_METRICS
 from trainables.knobs import KNOBS
 
@@ -107,11 +108,19 @@ def same(a: Any, b: Any) -> bool:
     return x == y if x is not None and y is not None else str(a).strip().lower() == str(b).strip().lower()
 
 
+def follows_from_batch(*rows: TrialRow) -> set[str]:
+    """Name the params that follow from batch_size and num_workers in these trials.
+
+    That is grad_accum_steps where each ran at the spec's fixed global batch (`GLOBAL_BATCH_FIXED`), else none."""
+    fixed = all(same(r.params.get(GLOBAL_BATCH_FIXED), True) for r in rows)
+    return {"grad_accum_steps"} if rows and fixed else set()
+
+
 def twins(a: TrialRow, b: TrialRow, knob: str) -> bool:
     """Tell whether two trials differ at most in `knob` among the params that change a step's speed.
 
     A param only one of them logged counts as a difference."""
-    keys = (a.params.keys() | b.params.keys()) - NOT_SPEED - {knob}
+    keys = (a.params.keys() | b.params.keys()) - NOT_SPEED - {knob} - follows_from_batch(a, b)
     return all(k in a.params and k in b.params and same(a.params[k], b.params[k]) for k in keys)
 
 

@@ -27,7 +27,8 @@ import yaml
 from sweeps.results.contention import contended_rows, contention_sentence
 from sweeps.results.memory_trade import memory_sentence
 from sweeps.results.money import money_key, money_sentence
-from sweeps.results.outcome import MEASURED, REPLICATE_TAG, SweepOutcome, TrialRow, at_word
+from sweeps.results.outcome import MEASURED, REPLICATE_TAG, SweepOutcome, TrialRow, at_word, follows_from_batch
+from sweeps.results.payback import payback_sentence
 from sweeps.results.quality import DEGRADED_TAG, efficiency, scaling_twin, workers
 from sweeps.results.verdict import noise_tie, revise_verdicts, sweep_effects
 from sweeps.spec import PARAMS_PREFIX, CategoricalParam, FixedParam, IntParam, Param, Scalar
@@ -220,12 +221,13 @@ def best_fragment(outcome: SweepOutcome) -> str:
 
     Every loop knob the trial logged and the trainable's own `params` the spec's space held, typed as the spec
     wants them (`precision: '32'`, not the number 32), so `sweeps validate` accepts it and the pasted spec runs
-    what that trial ran."""
+    what that trial ran (its accumulation, under a fixed global batch, follows from the budget again)."""
     best = outcome.best
     if best is None:
         return "no trial finished; nothing to recommend"
     # the worker count where the space held it (else it is scaling.num_workers, which the fragment leaves alone)
-    space: dict[str, Any] = {k: _knob_value(k, best.params[k]) for k in KNOBS if k in best.params
+    follows = follows_from_batch(best)  # grad_accum_steps where budget.global_batch_size set it
+    space: dict[str, Any] = {k: _knob_value(k, best.params[k]) for k in KNOBS if k in best.params and k not in follows
                              and (k != "num_workers" or outcome.spec.space.num_workers is not None)}
     own = {name: _param_value(p, best.params[f"workload.{name}"]) for name, p in outcome.spec.space.params.items()
            if f"workload.{name}" in best.params}  # trial_params logs space.params as workload.<name>
@@ -459,6 +461,7 @@ def answer(outcome: SweepOutcome) -> str:
     memory = memory_sentence(outcome, lambda t: configuration(outcome, t))
     if memory:
         text += f" {memory}."
+    text += f" {compiled}." if (compiled := payback_sentence(outcome)) else ""
     shared = contention_sentence(outcome)
     if shared:
         text += f" Caution, {shared[0].lower()}{shared[1:]}."

@@ -34,6 +34,7 @@ from typing import Any
 
 from sweeps.results.outcome import number as _number
 from sweeps.results.sol import emulated, held_to, of_fp32_pct
+from sweeps.spec.sections import GLOBAL_BATCH_FIXED
 from trainables.contract import (
     ALLREDUCE_WAIT_PCT,
     CPU_LOADERS_PCT,
@@ -242,8 +243,11 @@ def waits_in_allreduce(f: Figures) -> bool:
 
 def allreduce_advice(f: Figures) -> tuple[str, tuple[Move, ...]]:
     wait, ranks, accum = pct(f.metrics, ALLREDUCE_WAIT_PCT), f.ranks, f.params.get("grad_accum_steps", 1)
-    moves = (Move(f"fewer ranks (num_workers below {ranks:g})", "num_workers", DOWN),
-             larger_batch(f.params, " per rank (fewer all-reduces per sample)"),
+    fewer = Move(f"fewer ranks (num_workers below {ranks:g})", "num_workers", DOWN)
+    if text(f.params.get(GLOBAL_BATCH_FIXED, "")) == "true":  # one all-reduce per global batch whatever its split
+        return (f"at {ranks:g} ranks {wait:.0f}% of the step waiting for the gradient all-reduce that backward did not "
+                "hide (one per fixed global batch, whatever its micro-batch split)", (fewer,))
+    moves = (fewer, larger_batch(f.params, " per rank (fewer all-reduces per sample)"),
              Move(f"grad_accum_steps above {accum} (one all-reduce per that many micro-batches)", "grad_accum_steps", UP))
     return f"at {ranks:g} ranks {wait:.0f}% of the step waiting for the gradient all-reduce that backward did not hide", moves
 
@@ -306,7 +310,9 @@ def cpu_idle(f: Figures) -> bool:
 def idle_advice(f: Figures) -> tuple[str, tuple[Move, ...]]:
     _, cores, how = f.cpu_busy()  # type: ignore[misc]  # the rule held: the figure is there
     alone = f.ranks is not None and f.ranks < 2  # one rank: no all-reduce to wait in
-    moves = [larger_batch(f.params, "" if alone else " (fewer all-reduces per sample)"), *emulated_move(f)]
+    fixed = text(f.params.get(GLOBAL_BATCH_FIXED, "")) == "true"  # all-reduces per sample: the global batch's
+    moves = [larger_batch(f.params, "" if alone else " (fewer, larger micro-batches per step)" if fixed
+                          else " (fewer all-reduces per sample)"), *emulated_move(f)]
     waits = ("for a core another process holds" if alone else
              "for the other ranks in the gradient all-reduce or for a core another process holds")
     return (f"only {how} of {cores:.0f} core(s) busy{f.cpu_peak()}, data wait {f.wait or 0:.0f}%: the rest of each "

@@ -9,11 +9,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from sweeps.spec import PARAMS_PREFIX, IntParam, Scalar, SweepSpec
+from sweeps.spec import PARAMS_PREFIX, Scalar, SweepSpec
 from sweeps.spec.cost import usd_per_hour
 from sweeps.spec.params import param_values
-from sweeps.spec.sections import BudgetSpec
+from sweeps.spec.sections import GLOBAL_BATCH_FIXED, BudgetSpec
 from sweeps.spec.settings import trial_settings
+from sweeps.spec.space import worker_counts
 from trainables.contract import TrialConfig
 from trainables.knobs import CPU_TIME_BOX_S, GPU_MIN_WINDOW_S, GPU_TIME_BOX_S, KNOBS
 
@@ -65,18 +66,6 @@ def max_loader_workers(spec: SweepSpec) -> int:
     return int(max(param_values(spec.space.held("num_dataloader_workers"))))
 
 
-def worker_counts(spec: SweepSpec) -> list[int]:
-    """Every number of ranks a trial of the space can run on, ascending.
-
-    They come from `space.num_workers`, else `scaling.num_workers` alone."""
-    p = spec.space.num_workers
-    if p is None:
-        return [spec.scaling.num_workers]
-    if isinstance(p, IntParam):
-        return list(range(p.low, p.high + 1, p.step))
-    return sorted({int(v) for v in param_values(p)})
-
-
 def first_workers(spec: SweepSpec) -> int:
     """The number of ranks a warm group starts with before it has a trial.
 
@@ -119,6 +108,8 @@ def resolve_trial(spec: SweepSpec, sampled: dict[str, Any], metrics_path: str | 
     values = {k: default for k, (_, default, _) in KNOBS.items()} | fixed_knobs(spec) | sampled
     own = {k[len(PARAMS_PREFIX):]: v for k, v in values.items() if k.startswith(PARAMS_PREFIX)}
     knobs = {k: kind(values[k]) for k, (kind, _, _) in KNOBS.items()}  # each in its declared type
+    if spec.budget.global_batch_size:  # a fixed global batch: the accumulation follows (the spec checked it divides)
+        knobs["grad_accum_steps"] = max(1, spec.budget.global_batch_size // (knobs["batch_size"] * knobs["num_workers"]))
     global_batch = knobs["batch_size"] * knobs["grad_accum_steps"] * knobs["num_workers"]
     knobs["lr"] *= spec.lr_scaling.factor(global_batch) if spec.lr_scaling is not None else 1.0
     b, target = spec.budget, spec.objective.target
@@ -159,6 +150,8 @@ def trial_params(spec: SweepSpec, cfg: TrialConfig) -> dict[str, Any]:
     params: dict[str, Any] = {
         "batch_size": cfg.batch_size,
         "global_batch_size": global_batch,  # samples per optimizer step: per-worker batch x accumulation x workers
+        # budget.global_batch_size: the global batch is the spec's, grad_accum_steps follows from batch and ranks
+        **({GLOBAL_BATCH_FIXED: True} if spec.budget.global_batch_size else {}),
         **knobs,
         "lr": searched_lr,  # the searched rate
         "lr_effective": cfg.lr,  # what the optimizer ran with (lr_scaling applied)

@@ -277,6 +277,44 @@ def the_scaler_cannot_follow_sharding(spec: SweepSpec) -> str:
     return ""
 
 
+def a_fixed_global_batch_divides(spec: SweepSpec) -> str:
+    """A fixed global batch sets each trial's accumulation, so each micro-batch x ranks must divide it.
+
+    budget.global_batch_size: G is not a multiple of batch_size b x num_workers n = b*n; give batch sizes
+    that divide G / n (here: ...), or another global batch (or: space.grad_accum_steps follows from it, or
+    batch_size a list of its divisors)"""
+    from sweeps.spec.params import CategoricalParam, FixedParam
+    from sweeps.spec.space import worker_counts
+
+    total = spec.budget.global_batch_size
+    if not total:
+        return ""
+    if spec.space.param("grad_accum_steps") is not None:
+        return ("space.grad_accum_steps: with budget.global_batch_size it follows from each trial's batch_size x "
+                "num_workers (global_batch_size / both); remove it from the space")
+    batch = spec.space.held("batch_size")
+    if not isinstance(batch, (CategoricalParam, FixedParam)):
+        return ("space.batch_size: with budget.global_batch_size each batch size must divide the global batch, which a "
+                "range's values mostly do not; give a list of divisors, e.g. {type: categorical, choices: "
+                f"{_divisors(total // worker_counts(spec)[0])[-4:]}}}")
+    from sweeps.spec.params import param_values
+
+    for workers in worker_counts(spec):
+        for b in sorted(int(v) for v in param_values(batch)):
+            if total % (b * workers):
+                fits = _divisors(total // workers) if total % workers == 0 else []
+                return (f"budget.global_batch_size: {total} is not a multiple of batch_size {b} x num_workers "
+                        f"{workers} = {b * workers}; give batch sizes that divide "
+                        + (f"{total // workers} (its share per rank at {workers} rank{'s' if workers > 1 else ''}): {', '.join(map(str, fits[-8:]))}"
+                           if fits else f"its share per rank (none does: {total} is not a multiple of {workers} ranks)")
+                        + "; or another global batch")
+    return ""
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
 RULES: tuple[Callable[[SweepSpec], str], ...] = (
     objective_in_the_workloads_unit,
     asha_ranks_by_one_metric,
@@ -301,6 +339,7 @@ RULES: tuple[Callable[[SweepSpec], str], ...] = (
     every_type_priced,
     the_type_in_one_place,
     the_scaler_cannot_follow_sharding,
+    a_fixed_global_batch_divides,
 )
 
 

@@ -9,7 +9,15 @@ import math
 import os
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from sweeps.spec.params import STRICT
 from sweeps.spec.settings import setting_field
@@ -86,6 +94,11 @@ class SearchSpec(BaseModel):
 
 
 
+# The param a trial of a sweep with budget.global_batch_size logs (true): its grad_accum_steps followed from its
+# batch_size and num_workers, so comparisons hold it as following from them (`sweeps.results.outcome.twins`)
+GLOBAL_BATCH_FIXED = "global_batch_fixed"
+
+
 class BudgetSpec(BaseModel):
     model_config = STRICT
     num_trials: int = Field(ge=1, le=10_000, description="trials to run (grid search: the grid's size)")
@@ -98,6 +111,13 @@ class BudgetSpec(BaseModel):
     num_tokens: int | None = Field(default=None, ge=1, description="equal data for a token-counting trainable")
     eval_every_steps: int | None = Field(default=None, ge=1, description="evaluate on the validation set every this "
                                          "many optimizer steps (needed by objective.target)")
+    global_batch_size: int | None = Field(default=None, ge=1, description="a fixed global batch: every trial steps "
+                                          "its optimizer on this many samples (all ranks), its accumulation worked "
+                                          "out as global_batch_size / (batch_size x num_workers) (logged as "
+                                          "grad_accum_steps); each batch size and worker count the space allows "
+                                          "must divide it, and the space may not name grad_accum_steps. The way to "
+                                          "compare memory knobs fairly: a micro-batch that fits only with sharding "
+                                          "or checkpointing trains the same model")
     num_warmup_steps: int = setting_field("num_warmup_steps")
     min_window_s: float | None = Field(default=None, ge=0, description="with num_steps: each trial's measured window "
                                        "lasts at least this long, running more steps than num_steps if needed (the "
@@ -126,6 +146,13 @@ class BudgetSpec(BaseModel):
                                       "that other work holds (a worker group whose CPUs or GPUs other jobs hold, "
                                       "or an autoscaler has yet to add); past it the sweep stops, resumable (exit "
                                       "4), and says what it waited for. Default: it waits as long as it takes")
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """Leave out a field added after sweeps were saved where it is unset, so their spec digest still matches."""
+        out = handler(self)
+        later = ("global_batch_size",)
+        return {k: v for k, v in out.items() if not (k in later and v is None)} if isinstance(out, dict) else out
 
     @model_validator(mode="after")
     def _one_length(self) -> BudgetSpec:

@@ -32,6 +32,9 @@ from sweeps.spec.params import (
 )
 from trainables.knobs import KNOBS
 
+if TYPE_CHECKING:
+    from sweeps.spec.sweep import SweepSpec
+
 PARAMS_PREFIX = "params."  # space.params.<name>: the trainable's own hyperparameters
 # Knobs added after sweeps were saved: absent from a spec's dump where it does not set them, so an earlier
 # sweep's spec digest (`sweeps.service.saved_state.spec_digest`) still matches when it resumes
@@ -171,3 +174,15 @@ if TYPE_CHECKING:
     SpaceSpec = _Space
 else:
     SpaceSpec = create_model("SpaceSpec", __base__=_Space, __doc__=_Space.__doc__, **_fields())
+
+
+def worker_counts(spec: SweepSpec) -> list[int]:
+    """Every number of ranks a trial of the space can run on, ascending.
+
+    They come from `space.num_workers`, else `scaling.num_workers` alone."""
+    p = spec.space.num_workers
+    if p is None:
+        return [spec.scaling.num_workers]
+    if isinstance(p, IntParam):
+        return list(range(p.low, p.high + 1, p.step))
+    return sorted({int(v) for v in param_values(p)})

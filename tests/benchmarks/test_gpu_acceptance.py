@@ -37,7 +37,7 @@ def test_cpu_machine_skips_every_stage_with_its_reason(tmp_path: Path) -> None:
 def test_preflight_names_what_is_missing() -> None:
     why = ga.preflight(list(ga.STAGES), cuda=True, missing=["ray", "optuna"])
     assert why["doctor"] == why["parity"] == ""
-    assert why["gpt"] == why["image"] == why["probe"] == "needs ray, optuna to run a sweep (pip install -e .)"
+    assert why["gpt"] == why["image"] == why["probe"] == why["memory"] == "needs ray, optuna to run a sweep (pip install -e .)"
     assert all(ga.preflight(list(ga.STAGES), cuda=True, missing=[]).values()) is False
 
 
@@ -208,8 +208,8 @@ def test_record_from_the_h100_run(tmp_path: Path) -> None:
     path = tmp_path / "r.jsonl"
     results = ga.record_from(H100, path, "shared/gpu")
     entries = [json.loads(x) for x in path.read_text().splitlines()]
-    # every stage but the trace's, which came after that run
-    assert [e["stage"] for e in entries] == list(ga.STAGES[:-1]) and [r.line for r in results] == [1, 2, 3, 4, 5]
+    # every stage but the memory and trace ones, which came after that run
+    assert [e["stage"] for e in entries] == [s for s in ga.STAGES if s not in ("memory", "trace")] and [r.line for r in results] == [1, 2, 3, 4, 5]
     for e in entries:
         assert (e["date"], e["machine"]["gpu"], e["machine"]["git_sha"], e["machine"]["versions"]["torch"]) == \
             ("2026-11-24", "NVIDIA H100 80GB HBM3", "4861472", "2.11.0+cu130")
@@ -224,3 +224,29 @@ def test_record_from_the_h100_run(tmp_path: Path) -> None:
     oom = next(x for x in by["probe"] if x.get("trial") == 5)
     assert (oom["status"], oom["batch_size"], oom["compile"]) == ("oom", 256, True)
     assert [x["ratio"] for x in by["parity"] if "round" in x] == [0.9943, 0.9946, 0.9641, 1.0239]
+
+
+def test_the_memory_stage_says_its_prediction_error_and_the_best_against_both_baselines() -> None:
+    def trial(n: int, ac: str, compiled: bool, batch: int, tput: float | None, predicted: float = 0.0,
+              measured: float = 0.0) -> dict[str, Any]:
+        row: dict[str, Any] = {"trial": n, "status": "ok" if tput else "oom", "precision": "bf16-mixed",
+                               "batch_size": batch, "compile": compiled, "activation_checkpointing": ac}
+        return row | ({"throughput/tokens_per_s": tput, ga.PREDICTED: predicted, ga.MEASURED: measured} if tput else {})
+
+    trials = [trial(1, "none", False, 16, 100e3, 40.0, 42.0), trial(2, "none", False, 64, None),
+              trial(3, "full", False, 16, 70e3, 20.0, 25.0), trial(4, "full", False, 64, 80e3, 30.0, 31.0),
+              trial(5, "selective", True, 64, 130e3, 50.0, 51.0), trial(6, "selective", False, 64, 110e3, 50.0, 52.0)]
+    rows = ga.sweep_rows({"sweep": "gpu-gpt2-memory", "trials_ok": 5, "trials_total": 6}, trials, {}, "memory")
+    errors = {x["prediction"]: x["error_pct"] for x in rows if "prediction" in x}
+    assert errors[3] == pytest.approx(-20.0) and errors[1] == pytest.approx(100 * (40 - 42) / 42) and 2 not in errors
+    assert {"predictions_within_pct": 10.0, "within": 4, "of": 5} in rows
+    vs = {x["speedup"]: x for x in rows if x.get("speedup", "").startswith("best vs")}
+    naive = vs["best vs naive default (full AC, no compile, its largest batch)"]
+    assert (naive["trial"], naive["vs_trial"], naive["value"]) == (5, 4, pytest.approx(130 / 80))
+    bare = vs["best vs no AC, no compile, its largest batch"]  # 64 ran out of memory: 16 is its largest
+    assert (bare["vs_trial"], bare["value"]) == (1, pytest.approx(1.3))
+    compiled = [x for x in rows if x.get("speedup", "").startswith("compile")]
+    assert [(x["trial"], x["vs_trial"]) for x in compiled] == [(5, 6)]  # the eager twin with the same AC
+    cell = ga.key_figures(ga.StageResult("memory", "ok", "", "", rows))
+    assert "prediction within 10% for 4 of 5" in cell and "best vs naive default" in cell and "1.62x (trial 5 vs 4)" in cell
+    assert ga.sweep_rows({"sweep": "x"}, trials, {}, "gpt")[-1].get("speedup", "").startswith("compile")  # not derived

@@ -137,7 +137,8 @@ def test_the_spec_refuses_fp16_with_sharding_and_takes_the_memory_example() -> N
 
     text = (Path(__file__).resolve().parents[2] / "examples" / "memory.yaml").read_text()
     spec = parse_spec(text)
-    assert set(spec.space.searched()) == {"strategy", "activation_checkpointing"}
+    assert set(spec.space.searched()) == {"strategy", "activation_checkpointing", "batch_size"}
+    assert spec.budget.global_batch_size == 16  # each micro-batch's accumulation follows
     bad = text.replace("  lr: 1.0e-3\n", "  lr: 1.0e-3\n  precision: {type: categorical, choices: ['32', 16-mixed]}\n")
     with pytest.raises(SpecError, match="16-mixed cannot train with strategy fsdp.*drop one from the space"):
-        parse_spec(bad.replace("num_trials: 9 ", "num_trials: 18 "))
+        parse_spec(bad.replace("num_trials: 18 ", "num_trials: 36 "))

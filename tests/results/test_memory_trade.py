@@ -58,3 +58,30 @@ def test_nothing_said_without_a_memory_setting_searched_or_a_measured_peak() -> 
     assert memory_sentence(SweepOutcome(fixed, "p", "u", rows, 1.0), str) == ""
     unmeasured = [TrialRow("t1", 1, {}, "r1", "ok", "", "", {contract.throughput_key("tokens"): 1.0})] * 2
     assert memory_sentence(SweepOutcome(parse_spec(SPEC), "p", "u", unmeasured, 1.0), str) == ""
+
+
+FRONTIER = SPEC.replace("  batch_size: 8\n", "  batch_size: {type: categorical, choices: [8, 16]}\n").replace(
+    "strategy: {type: categorical, choices: [ddp, fsdp]}", "strategy: ddp").replace(
+    "choices: [none, full]", "choices: [none, selective]")
+
+
+def _at(n: int, batch: int, ac: str, tput: float | None, status: str = "ok") -> TrialRow:
+    metrics = {contract.throughput_key("tokens"): tput} if tput is not None else {}
+    return TrialRow(f"t{n}", n, {"strategy": "ddp", "activation_checkpointing": ac, "batch_size": batch}, f"r{n}",
+                    status, "", "", metrics)
+
+
+def test_a_best_at_its_memory_frontier_says_which_setting_fits_the_larger_batch_and_at_what_cost() -> None:
+    spec = parse_spec(FRONTIER)
+    rows = [_at(1, 8, "none", 1000.0), _at(2, 16, "none", None, "oom"), _at(3, 8, "selective", 880.0),
+            _at(4, 16, "selective", 950.0)]
+    said = memory_sentence(SweepOutcome(spec, "p", "u", rows, 1.0), str)
+    assert said == ("Memory-bound: batch_size 8 is the largest that fit with activation_checkpointing none (16 ran out "
+                    "of memory: trial 2); 16 fit with activation_checkpointing selective (trial 4), which costs 12% of "
+                    "the throughput at batch_size 8 (trial 3 vs trial 1), and ran at 0.95x the best's "
+                    "throughput/tokens_per_s"), said
+    # only what was measured: no leaner trial at 16, then no OOM above the best, then no trade searched
+    assert memory_sentence(SweepOutcome(spec, "p", "u", rows[:3], 1.0), str).endswith(
+        "(16 ran out of memory: trial 2); no trial ran it with another memory setting")
+    assert memory_sentence(SweepOutcome(spec, "p", "u", [rows[0], rows[2], rows[3]], 1.0), str) == ""
+    assert memory_sentence(SweepOutcome(spec, "p", "u", [rows[0], _at(2, 16, "selective", None, "oom")], 1.0), str) == ""

@@ -1,7 +1,9 @@
 """The worker count as a searched knob, without Ray: the spec and the trial's config, the cluster check,
 the warm pool's queue routing trials by size, the memory probe per size, the scaling efficiency against
 a twin on fewer ranks, the all-reduce wait the comm hook times (two real gloo ranks), the verdict, the
-answer, the table, the fragment and the figure."""
+answer, the table, the fragment and the figure; and a fixed global batch (`budget.global_batch_size`): each trial's
+accumulation follows from its batch and ranks, the spec refuses what cannot divide it, and the verdicts compare trials
+that split it differently."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import pytest
 import torch
 import yaml
 
-from sweeps.results.outcome import SweepOutcome, TrialRow
+from sweeps.results.outcome import SweepOutcome, TrialRow, twins
 from sweeps.results.quality import annotate, scaling_twin
 from sweeps.results.report import answer, best_fragment, table_rows
 from sweeps.results.verdict import revise, verdict
@@ -247,3 +249,90 @@ def test_the_scaling_figure_draws_one_line_per_configuration(tmp_path: Path) -> 
     assert "scaling_vs_ranks.png" not in figures(one, lambda run, key: [])[0]
 
 
+# -- a fixed global batch --------------------------------------------------------------------------------
+
+GLOBAL = """\
+name: split
+trainable: {name: gpt-lm, params: {n_layer: 2, n_embd: 32, seq_len: 32}}
+space:
+  num_workers: {type: categorical, choices: [1, 2]}
+  batch_size: {type: categorical, choices: [4, 8, 16]}
+  strategy: {type: categorical, choices: [ddp, fsdp]}
+  activation_checkpointing: {type: categorical, choices: [none, full]}
+objective: {metric: throughput/tokens_per_s, mode: max}
+budget: {num_trials: 8, num_steps: 5, global_batch_size: 32}
+"""
+
+
+def test_each_trial_accumulates_to_the_fixed_global_batch_and_logs_how() -> None:
+    spec = parse_spec(GLOBAL)
+    for workers, batch, accum in ((1, 4, 8), (1, 16, 2), (2, 4, 4), (2, 16, 1)):
+        cfg = resolve_trial(spec, {"num_workers": workers, "batch_size": batch, "strategy": "fsdp",
+                                   "activation_checkpointing": "full"})
+        assert cfg.grad_accum_steps == accum and cfg.batch_size * accum * workers == 32
+        params = trial_params(spec, cfg)
+        assert params["global_batch_size"] == 32 and params["grad_accum_steps"] == accum
+        assert params["global_batch_fixed"] is True
+    # without it nothing changes: the space's accumulation (its default, 1), and no new param
+    plain = parse_spec(GLOBAL.replace(", global_batch_size: 32", ""))
+    cfg = resolve_trial(plain, {"num_workers": 2, "batch_size": 4, "strategy": "ddp", "activation_checkpointing": "none"})
+    assert cfg.grad_accum_steps == 1 and "global_batch_fixed" not in trial_params(plain, cfg)
+    assert "global_batch_size" not in plain.budget.model_dump()  # an earlier sweep's spec digest still matches
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    (("choices: [4, 8, 16]", "choices: [4, 8, 12]"),
+     "budget.global_batch_size: 32 is not a multiple of batch_size 12 x num_workers 1 = 12; give batch sizes that "
+     "divide 32 (its share per rank at 1 rank): 1, 2, 4, 8, 16, 32; or another global batch"),
+    (("global_batch_size: 32", "global_batch_size: 4"),
+     "budget.global_batch_size: 4 is not a multiple of batch_size 8 x num_workers 1 = 8"),
+    (("choices: [1, 2]", "choices: [1, 3]"),
+     "is not a multiple of batch_size 4 x num_workers 3 = 12; give batch sizes that divide its share per rank (none "
+     "does: 32 is not a multiple of 3 ranks)"),
+    (("  batch_size: {type: categorical, choices: [4, 8, 16]}\n", "  batch_size: {type: int, low: 4, high: 16}\n"),
+     "space.batch_size: with budget.global_batch_size each batch size must divide the global batch, which a range's "
+     "values mostly do not; give a list of divisors, e.g. {type: categorical, choices: [4, 8, 16, 32]}"),
+    (("  strategy:", "  grad_accum_steps: 2\n  strategy:"),
+     "space.grad_accum_steps: with budget.global_batch_size it follows from each trial's batch_size x num_workers"),
+])
+def test_what_cannot_split_the_global_batch_is_refused_naming_the_field_and_the_fix(change: tuple[str, str],
+                                                                                     said: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_spec(GLOBAL.replace(*change))
+    assert said in str(caught.value), str(caught.value)
+
+
+def _split(n: int, batch: int, accum: int, tput: float, **metrics: float) -> TrialRow:
+    params = {"num_workers": 2, "batch_size": batch, "grad_accum_steps": accum, "global_batch_size": 32,
+              "global_batch_fixed": True, "strategy": "ddp", "activation_checkpointing": "none", "precision": "32"}
+    return TrialRow(f"t{n}", n, params, status="ok", metrics={"throughput/tokens_per_s": tput, **metrics})
+
+
+def test_trials_that_split_the_same_global_batch_differently_are_twins_in_batch_size() -> None:
+    small, large = _split(1, 4, 4, 900.0), _split(2, 16, 1, 600.0)
+    assert twins(small, large, "batch_size")  # their accumulation follows from the batch: not a second difference
+    unfixed = [TrialRow(r.trial_id, r.number, {**r.params, "global_batch_fixed": None}, status="ok",
+                        metrics=r.metrics) for r in (small, large)]
+    assert not twins(*unfixed, "batch_size")  # a searched accumulation is a knob of its own
+    # the comm-bound verdict at a fixed global batch: one all-reduce per global batch whatever the split, so fewer
+    # ranks is the move; a larger micro-batch or more accumulation is not offered
+    v = verdict({ALLREDUCE_WAIT_PCT: 40.0, "cpu/worker_util_mean_pct": 60.0}, small.params)
+    assert v.name == "communication-bound" and [m.knob for m in v.moves] == ["num_workers"], v
+    assert "one per fixed global batch" in str(v)
+    # an idle rank's batch-up move says what a larger micro-batch changes here (not the all-reduces per sample),
+    # and is refuted by its twin that split the same global batch as 16 x 1
+    low = _split(3, 4, 4, 900.0, **{"cpu/worker_util_mean_pct": 30.0})
+    said = str(verdict(low.metrics, low.params))
+    assert said.endswith("try a batch_size above 4 (fewer, larger micro-batches per step)"), said
+    revised = revise([low, large], "throughput/tokens_per_s", "max")["t3"]
+    assert "batch_size 16 (trial 2) measured slower: 600/s vs 900/s" in revised.reason, revised.reason
+
+
+def test_the_best_fragment_leaves_the_accumulation_to_the_global_batch_and_validates() -> None:
+    spec = parse_spec(GLOBAL)
+    rows = [_split(1, 4, 4, 900.0), _split(2, 16, 1, 600.0)]
+    fragment = best_fragment(SweepOutcome(spec, "p", "u", rows, 1.0))
+    assert "batch_size: 4" in fragment and "grad_accum_steps" not in fragment, fragment
+    head = GLOBAL.split("space:")[0]
+    parse_spec(head + fragment + "\n" + GLOBAL.split("objective:", 1)[1].join(["objective:", ""]).replace(
+        "num_trials: 8", "num_trials: 1"))  # pasted into the spec, it validates

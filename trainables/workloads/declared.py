@@ -53,6 +53,7 @@ class Preset:
 GPT_PRESETS: dict[str, Preset] = {
     "tiny": Preset(2, 4, 64, 64, 256, 1 << 17, 1 << 14),
     "gpt2-small": Preset(12, 12, 768, 1024, 50304, 1 << 22, 1 << 18),  # 124M params
+    "gpt2-medium": Preset(24, 16, 1024, 1024, 50304, 1 << 22, 1 << 18),  # 350M params: the GPU memory stage's
 }
 
 
