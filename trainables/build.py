@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from trainables import contract, registry
-from trainables.batches import default_counter, loss_of, move_to_device, xy_step
+from trainables.batches import CountFn, checked_count, default_counter, loss_of, move_to_device, xy_step
 from trainables.contract import TrialConfig
 from trainables.flop_count import flops_per_item
 from trainables.instruments import Instruments
@@ -95,6 +95,7 @@ class BuildFacts:
     data_prep_s: float = 0.0  # of which making data files once per node (`ensure_cached`): no later trial repeats it
     data_cached: int = 0  # `ensure_cached` calls in the build: 0 where the workload keeps its data some other way
     predicted: Prediction | None = None  # this rank's peak memory, predicted before its first step
+    recomputed_flops: float | None = None  # per item, what activation checkpointing runs again (None: not measured)
 
 
 @dataclass
@@ -143,7 +144,7 @@ def build(cfg: TrialConfig, device: torch.device) -> Built:
     # torchtitan's order: activation checkpointing on each block, compile each block, fully_shard each block and
     # the root (sharding.py); DDP wraps the model as before
     blocks = find_blocks(model, wl.blocks)
-    activations = None if cfg.probe else sample_activations(wl, model, blocks, step_fn, prec, device)
+    activations = None if cfg.probe else sample_activations(wl, model, blocks, step_fn, prec, count)
     counts = ParamCounts.of(model, blocks)
     layout = shard(model, blocks, Wrapping.of(cfg.strategy, cfg.activation_checkpointing, cfg.compile, cfg.precision),
                    device, world_size)
@@ -177,12 +178,13 @@ def build(cfg: TrialConfig, device: torch.device) -> Built:
                          [p for p in model.parameters() if p.requires_grad], flops, layout.sharded)
     predicted = predict(counts, activations, optimizer, cfg, world_size, 2 if prec_bytes_16 else 4)
     facts = BuildFacts(tags, build_s=time.perf_counter() - t0, data_prep_s=prep_s - prep0, data_cached=calls - calls0,
-                       predicted=predicted)
+                       predicted=predicted, recomputed_flops=activations.recomputed_flops(cfg.activation_checkpointing)
+                       if activations is not None else None)
     return Built(cfg, device, rank, world_size, prec, pin, bundle, Instruments(telemetry, noise, comm), facts)
 
 
 def sample_activations(wl: Workload, model: nn.Module, blocks: Blocks, step: Callable[[nn.Module, Any], Any],
-                       prec: Precision, device: torch.device) -> Activations | None:
+                       prec: Precision, count: CountFn) -> Activations | None:
     """Measure what one validation sample's forward keeps for backward, per activation-checkpointing mode.
 
     None where it cannot (a warning says why). The bare model, before sharding; its buffers and the RNG streams
@@ -192,11 +194,13 @@ def sample_activations(wl: Workload, model: nn.Module, blocks: Blocks, step: Cal
     if sample is None:
         return None
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
     try:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             batch = move_to_device(sample, device)
-            return measure_activations(model, blocks, lambda m: loss_of(step(m, batch), training=True),
-                                       prec.autocast())
+            measured = measure_activations(model, blocks, lambda m: loss_of(step(m, batch), training=True),
+                                           prec.autocast())
+            return dataclasses.replace(measured, items=checked_count(count, batch))
     except Exception as exc:  # noqa: BLE001 - a forward the measurement cannot run only loses the prediction
         logger.warning("activation memory not measured (%s: %s): memory/predicted_gib will be absent",
                        type(exc).__name__, exc)
@@ -241,16 +245,23 @@ def count_flops(wl: Workload, model: nn.Module, cfg: TrialConfig, device: torch.
     return flops_per_item(model, step, move_to_device(batch, device), count)
 
 
-def flops_metrics(final: dict[str, Any], wl: Workload, peak: float | None, per_item: float | None) -> dict[str, float]:
+def flops_metrics(final: dict[str, Any], wl: Workload, peak: float | None, per_item: float | None,
+                  recomputed: float | None = None) -> dict[str, float]:
     """Return achieved TFLOP/s where the FLOPs per item are known (declared or counted).
 
-    MFU too, where every rank's peak is known."""
+    MFU too, where every rank's peak is known: the model's FLOPs only. Where the recomputation per item is
+    known (`BuildFacts.recomputed_flops`), the hardware's beside them: the model's plus what activation
+    checkpointing ran again (HFU; equal to MFU without checkpointing)."""
     if per_item is None:
         return {}
-    achieved = final[contract.throughput_key(wl.unit)] * per_item
-    out = {contract.TFLOPS: achieved / 1e12}
+    items_per_s = final[contract.throughput_key(wl.unit)]
+    out = {contract.TFLOPS: items_per_s * per_item / 1e12}
+    if recomputed is not None:
+        out[contract.HW_TFLOPS] = items_per_s * (per_item + recomputed) / 1e12
     if peak is not None:
-        out[contract.MFU_PCT] = 100.0 * achieved / peak
+        out[contract.MFU_PCT] = 100.0 * items_per_s * per_item / peak
+        if recomputed is not None:
+            out[contract.HFU_PCT] = 100.0 * items_per_s * (per_item + recomputed) / peak
     return out
 
 

@@ -32,6 +32,14 @@ def _cpu_attention_formulas() -> dict[Any, Callable[..., int]]:
     return {ops._scaled_dot_product_flash_attention_for_cpu: fwd, ops._scaled_dot_product_flash_attention_for_cpu_backward: bwd}
 
 
+def op_formulas() -> dict[Any, Callable[..., int]]:
+    """torch's FLOP formula per op (OpOverloadPacket), the CPU attention kernels' included, each taking the op's
+    arguments and `out_val` as `FlopCounterMode` calls it: what a dispatch mode of our own counts with."""
+    from torch.utils import flop_counter as fc
+
+    return {**fc.flop_registry, **{k: fc.shape_wrapper(v) for k, v in _cpu_attention_formulas().items()}}
+
+
 def flops_per_item(model: nn.Module, step_fn: Callable[[nn.Module, Any], Any], batch: Any,
                    count_items: Callable[[Any], int]) -> float | None:
     """Count the training FLOPs (forward + backward) per item of `batch` on one step.

@@ -337,7 +337,7 @@ class _Run:
         peak, gpu_facts = gpu_layout(device, cfg.precision, t.world)
         flops_item, flops_source = t.m.flops
         if contract.throughput_key(t.m.wl.unit) in final:
-            final.update(flops_metrics(final, t.m.wl, peak, flops_item))
+            final.update(flops_metrics(final, t.m.wl, peak, flops_item, t.facts.recomputed_flops))
             if flops_item is not None:
                 final["perf/flops_source"] = flops_source  # a tag: declared by the workload, or counted
         (seen_all,) = all_reduce([float(length.seen)], device)

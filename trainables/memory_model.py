@@ -6,7 +6,9 @@ and two blocks in flight with `reshard_after_forward`, every block without it). 
 forward of one sample on the bare model, under the trial's autocast (`measure_activations`): what autograd saves
 for backward outside the blocks and inside each, each block's input, and the outputs of the ops torchtitan's
 selective policy keeps (`sharding.keeps`), so one forward gives all three activation-checkpointing modes. The
-sample's bytes scale with the micro-batch.
+sample's bytes scale with the micro-batch. The same forward counts the FLOPs each mode recomputes in backward (full:
+every block's forward; selective: the block ops the policy does not keep), by torch's FLOP formulas: the hardware
+FLOPs beside the model's (`perf/hfu_pct` beside `perf/mfu_pct`).
 
 What it leaves out, on purpose and said in `docs/explain/memory.md`: the allocator's fragmentation and cache
 (the gap between `memory/max_allocated_gib` and `memory/max_reserved_gib`), the communication buffers, the
@@ -26,6 +28,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from trainables.flop_count import op_formulas
 from trainables.knobs import SHARDED
 from trainables.sharding import Blocks, keeps
 
@@ -39,10 +42,18 @@ class Activations:
     none: int
     selective: int
     full: int
+    # the sample's forward FLOPs each mode runs again in backward (none: 0)
+    recomputed_selective_flops: float = 0.0
+    recomputed_full_flops: float = 0.0
+    items: int = 1  # the sample's items in the workload's unit (tokens, samples): FLOPs per item divide by it
 
     def of(self, mode: str) -> int:
         """The bytes under `mode` (`none`, `selective` or `full`)."""
         return int(getattr(self, mode))
+
+    def recomputed_flops(self, mode: str) -> float:
+        """The forward FLOPs `mode` recomputes in backward, per item (0 for `none`)."""
+        return 0.0 if mode == "none" else float(getattr(self, f"recomputed_{mode}_flops")) / max(self.items, 1)
 
 
 @dataclass(frozen=True)
@@ -112,13 +123,23 @@ class _KeptOutputs(TorchDispatchMode):
         self.block: int | None = None  # the block running now, by its place in the forward
         self.counts: dict[str, int] = defaultdict(int)
         self.kept: dict[int, int] = defaultdict(int)  # per block
+        self.flops: dict[int, float] = defaultdict(float)  # per block: its forward's FLOPs
+        self.unkept_flops: dict[int, float] = defaultdict(float)  # per block: of the ops the policy recomputes
+        self.formulas = op_formulas()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        if self.block is not None and keeps(func, self.counts, "forward"):
+        if self.block is None:
+            return out
+        formula = self.formulas.get(func._overloadpacket)
+        flops = float(formula(*args, **(kwargs or {}), out_val=out)) if formula is not None else 0.0
+        self.flops[self.block] += flops
+        if keeps(func, self.counts, "forward"):
             first = out[0] if isinstance(out, (tuple, list)) else out
             if isinstance(first, torch.Tensor):
                 self.kept[self.block] += first.numel() * first.element_size()
+        else:
+            self.unkept_flops[self.block] += flops
         return out
 
 
@@ -183,4 +204,6 @@ def measure_activations(model: nn.Module, blocks: Blocks, forward: Callable[[nn.
     recomputed_selective = max(max(saved[b] - kept.kept[b], 0) for b in calls)
     none = outside + inside
     return Activations(none=none, selective=min(outside + inputs + sum(kept.kept.values()) + recomputed_selective, none),
-                       full=min(outside + inputs + recomputed_full, none))
+                       full=min(outside + inputs + recomputed_full, none),
+                       recomputed_selective_flops=sum(kept.unkept_flops.values()),
+                       recomputed_full_flops=sum(kept.flops.values()))

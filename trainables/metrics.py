@@ -101,6 +101,14 @@ MFU_PCT = _declare(Metric(
     "perf/mfu_pct", "%", "`perf/tflops_per_s` / the sum of each rank's own GPU peak at the trial's precision "
     "(`trainables/peak_flops.py`: H100, H200, A100, V100)", "a device outside the peak table (a CPU)",
     final_only=True))
+HW_TFLOPS = _declare(Metric(
+    "perf/hardware_tflops_per_s", "TFLOP/s", "`perf/tflops_per_s` plus the forward FLOPs activation checkpointing "
+    "runs again in backward (counted in the one-sample forward of `trainables.memory_model`; equal to it without "
+    "checkpointing)", "the workload does not know its FLOPs, or the forward could not be measured", final_only=True))
+HFU_PCT = _declare(Metric(
+    "perf/hfu_pct", "%", "hardware FLOPs utilisation: `perf/hardware_tflops_per_s` / the same peak as "
+    "`perf/mfu_pct`, which counts the model's FLOPs only (recomputation is not useful work)",
+    "as `perf/mfu_pct`, or the forward could not be measured", final_only=True))
 SCALING_EFFICIENCY_PCT = _declare(Metric(
     "perf/scaling_efficiency_pct", "%", "throughput(N ranks) / (throughput(M) x N / M) against the twin "
     "trial with the fewest ranks M < N", "no twin with fewer ranks", final_only=True, sweep_level=True))

@@ -67,6 +67,25 @@ def test_activations_counted_by_hand_for_each_mode() -> None:
     assert acts.full == 32 + inputs + 96  # the head's input, what each block gets, one block recomputed
     assert 32 + inputs + 2 * 64 + (96 - 64) > acts.none == acts.selective
     assert acts.full < acts.selective <= acts.none
+    # the same forward counts what each mode runs again in backward: a block's two matmuls are 2 x 8 x 16 FLOPs
+    # each; full recomputes both in both blocks, selective the one of each block whose output it does not keep
+    assert (acts.recomputed_flops("none"), acts.recomputed_flops("full"), acts.recomputed_flops("selective")) == \
+        (0.0, 2 * 2 * 256.0, 2 * 256.0)
+    per_token = dataclasses.replace(acts, items=8)  # in the workload's unit: the sample's 8 tokens, say
+    assert per_token.recomputed_flops("full") == 1024.0 / 8
+
+
+def test_hardware_flops_beside_the_models() -> None:
+    """MFU counts the model's FLOPs; HFU adds the recomputation, the same peak for both."""
+    from trainables.build import flops_metrics
+    from trainables.contract import HFU_PCT, HW_TFLOPS, MFU_PCT, TFLOPS, throughput_key
+
+    wl = type("W", (), {"unit": "tokens"})()
+    final = {throughput_key("tokens"): 1e6}
+    got = flops_metrics(final, wl, 1e13, 4e6, 1e6)  # type: ignore[arg-type]
+    assert got == {TFLOPS: pytest.approx(4.0), HW_TFLOPS: pytest.approx(5.0), MFU_PCT: pytest.approx(40.0),
+                   HFU_PCT: pytest.approx(50.0)}
+    assert set(flops_metrics(final, wl, None, 4e6, None)) == {TFLOPS}  # type: ignore[arg-type]  # not measured: absent
 
 
 def test_a_gpt_orders_the_modes_and_the_measurement_changes_nothing() -> None:
