@@ -10,7 +10,8 @@ Stages, in this order (`--stages` picks some):
           against the naive default (full AC, no compile, its largest batch that fit) and against no AC at its
           largest batch (`memory_rows`);
 - parity: our loop (`trainables.launch`) vs `benchmarks/plain_ddp.py`, both under torchrun, GPT-2 small bf16 at
-          batch 16 and 8, the order alternated per round;
+          batch 16 and 8, and vs `benchmarks/plain_fsdp.py` with `--strategy fsdp` at batch 8, the order alternated
+          per round;
 - trace:  a traced, priced trial, `trainables.launch` under torchrun on 1 GPU (GPT-2 small bf16, batch 8, `--trace-steps
           2 --usd-per-hour`): its split sums to 100 (within 0.01), no communication on 1 rank, `cost/*` reported.
 
@@ -52,8 +53,11 @@ STAGES = ("doctor", "gpt", "image", "probe", "memory", "parity", "trace")
 SWEEPS = ("gpt", "image", "probe", "memory")
 SPECS = REPO / "benchmarks" / "gpu"
 SWEEP_MODULES = ("ray", "mlflow", "optuna")
-PARITY_CASES = {"gpt2-small/bf16/b16": ("gpt-lm", {"preset": "gpt2-small"}, 16),
-                "gpt2-small/bf16/b8": ("gpt-lm", {"preset": "gpt2-small"}, 8)}
+# case -> (workload, its params, batch per rank, strategy): ddp against benchmarks/plain_ddp.py, a sharded one against
+# benchmarks/plain_fsdp.py (one GPU: FSDP2's code path without sharding anything; the loop's overhead is what differs)
+PARITY_CASES = {"gpt2-small/bf16/b16": ("gpt-lm", {"preset": "gpt2-small"}, 16, "ddp"),
+                "gpt2-small/bf16/b8": ("gpt-lm", {"preset": "gpt2-small"}, 8, "ddp"),
+                "gpt2-small/bf16/b8/fsdp": ("gpt-lm", {"preset": "gpt2-small"}, 8, "fsdp")}
 TRIAL_METRICS = ("throughput/samples_per_s", "throughput/tokens_per_s", "throughput/samples_per_s_cv_pct",
                  "throughput/tokens_per_s_cv_pct", "loss/val", "time/step_ms", "time/data_wait_pct", "time/window_s",
                  "time/warmup_s", "time/warmup_steps_s", "time/build_s", "time/data_prep_s", "time/loop_total_s",
@@ -377,13 +381,15 @@ def _torchrun(args: list[str]) -> list[str]:
 
 def parity_round(case: str, r: int, out: Path, data_dir: str, steps: int, timeout_s: float) -> dict[str, Any]:
     """Both loops once, the order alternated per round; ratio = ours / plain (None when a side failed)."""
-    workload, params, batch = PARITY_CASES[case]
+    workload, params, batch, strategy = PARITY_CASES[case]
     same = ["--workload", workload, "--params", json.dumps(params), "--batch-size", str(batch), "--precision",
             "bf16-mixed", "--num-steps", str(steps), "--num-warmup-steps", "10", "--data-dir", data_dir,
             "--pin-memory", "--num-dataloader-workers", "2"]
+    sharded = ["--strategy", strategy] if strategy != "ddp" else []
     tmp = Path(tempfile.mkdtemp(prefix="parity-", dir=out))
-    ours_cmd = _torchrun(["-m", "trainables.launch", *same, "--metrics-path", str(tmp / "ours.jsonl")])
-    plain_cmd = _torchrun([str(REPO / "benchmarks" / "plain_ddp.py"), *same, "--out", str(tmp / "plain.json")])
+    ours_cmd = _torchrun(["-m", "trainables.launch", *same, *sharded, "--metrics-path", str(tmp / "ours.jsonl")])
+    plain = REPO / "benchmarks" / ("plain_ddp.py" if strategy == "ddp" else "plain_fsdp.py")
+    plain_cmd = _torchrun([str(plain), *same, *sharded, "--out", str(tmp / "plain.json")])
     order = ["ours", "plain"] if r % 2 == 0 else ["plain", "ours"]
     rcs = {side: _run(ours_cmd if side == "ours" else plain_cmd, tmp / f"{side}.log", timeout_s) for side in order}
     row: dict[str, Any] = {"case": case, "round": r, "order": ",".join(order), "ours": None, "plain": None, "ratio": None}
@@ -403,7 +409,7 @@ def parity_round(case: str, r: int, out: Path, data_dir: str, steps: int, timeou
 def parity_stage(out: Path, data_dir: str, rounds: int, steps: int, timeout_s: float) -> StageResult:
     rows = [parity_round(case, r, out, data_dir, steps, timeout_s) for case in PARITY_CASES for r in range(rounds)]
     command = (f"benchmarks/gpu_acceptance.py --stages parity --rounds {rounds} --parity-steps {steps} (torchrun 1 GPU: "
-               "-m trainables.launch vs benchmarks/plain_ddp.py, bf16-mixed, 10 warm-up steps, 2 loader workers, pinned)")
+               "-m trainables.launch vs benchmarks/plain_ddp.py or plain_fsdp.py, bf16-mixed, 10 warm-up steps, 2 loader workers, pinned)")
     failed = [f"{x['case']} round {x['round']}" for x in rows if x["ratio"] is None]
     return StageResult("parity", "failed" if failed else "ok", f"a side failed in {', '.join(failed)}" if failed else "",
                        command, parity_rows(rows))

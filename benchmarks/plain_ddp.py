@@ -27,7 +27,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset  # noqa: E402
 
@@ -118,8 +119,23 @@ def _batches(loader: DataLoader[Any], sampler: DistributedSampler[Any] | None) -
         epoch += 1
 
 
-def run(args: argparse.Namespace, p: Plan, rank: int, world: int) -> dict[str, Any]:
-    """Warm up, then time `args.num_steps` steps; returns rank 0's result (every rank computes it)."""
+def ddp(model: nn.Module, wl: Workload, args: argparse.Namespace, p: Plan, world: int) -> tuple[nn.Module, Plan]:
+    """The model as the step trains it, and the plan it trains under: DDP's wrapper over 2+ ranks.
+
+    One process has no gradients to average: like our loop, no DDP wrapper (and no bucket copies) then."""
+    trained = DistributedDataParallel(model, device_ids=[p.device.index] if p.device.type == "cuda" else None) \
+        if world > 1 else model
+    return trained, p
+
+
+Wrap = Callable[[nn.Module, Workload, argparse.Namespace, Plan, int], tuple[nn.Module, Plan]]
+
+
+def run(args: argparse.Namespace, p: Plan, rank: int, world: int, wrap: Wrap = ddp) -> dict[str, Any]:
+    """Warm up, then time `args.num_steps` steps; returns rank 0's result (every rank computes it).
+
+    `wrap` makes the trained model from the bare one (`ddp`; `plain_fsdp.fsdp` shards it), and may change the
+    plan (FSDP2's mixed precision policy replaces autocast)."""
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     if p.device.type == "cuda":  # "32" is strict fp32, as in our loop; TF32 is its own precision there
@@ -130,9 +146,7 @@ def run(args: argparse.Namespace, p: Plan, rank: int, world: int) -> dict[str, A
     model = wl.model.to(p.device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-    # One process has no gradients to average: like our loop, no DDP wrapper (and no bucket copies) then.
-    trained = DistributedDataParallel(model, device_ids=[p.device.index] if p.device.type == "cuda" else None) \
-        if world > 1 else model
+    trained, p = wrap(model, wl, args, p, world)
     opt = (wl.optimizer_fn(model, args.lr) if wl.optimizer_fn is not None
            else torch.optim.AdamW(model.parameters(), lr=args.lr, fused=p.fused_adamw))
     step_fn = wl.step_fn or xy_step(wl.loss_fn)  # type: ignore[arg-type]  # a workload has one of them
@@ -163,11 +177,12 @@ def run(args: argparse.Namespace, p: Plan, rank: int, world: int) -> dict[str, A
     return {"throughput": total / elapsed, "unit": wl.unit, "elapsed_s": elapsed, "items": total,
             "steps": args.num_steps, "world_size": world, "backend": p.backend,
             "device": torch.cuda.get_device_name(p.device) if p.device.type == "cuda" else "cpu",
-            "precision": args.precision}
+            "precision": args.precision,
+            **{k: getattr(args, k) for k in ("strategy", "activation_checkpointing") if hasattr(args, k)}}
 
 
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description="the plain DDP reference loop (run under torchrun)")
+def parser(what: str = "DDP") -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=f"the plain {what} reference loop (run under torchrun)")
     ap.add_argument("--workload", default="image-cnn")
     ap.add_argument("--params", default="{}")
     ap.add_argument("--batch-size", type=int, default=32, help="per rank")
@@ -181,28 +196,37 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--data-dir", default=".cache/datasets")
     ap.add_argument("--out", required=True)
-    return ap.parse_args(argv)
+    return ap
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse(argv)
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    return parser().parse_args(argv)
+
+
+def main(argv: list[str] | None = None, args: argparse.Namespace | None = None, wrap: Wrap = ddp) -> None:
+    args = args or parse(argv)
     p = plan(torch.cuda.is_available(), int(os.environ.get("LOCAL_RANK", "0")), args.precision, args.pin_memory)
     if args.pin_memory and not p.pin_memory and int(os.environ.get("RANK", "0")) == 0:
         warnings.warn("--pin-memory has no effect without CUDA; running unpinned", stacklevel=1)
     init_distributed(p)
     try:
         rank, world = dist.get_rank(), dist.get_world_size()
-        result = run(args, p, rank, world)
+        result = run(args, p, rank, world, wrap)
         if rank == 0:
             Path(args.out).write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()
 
 
-if __name__ == "__main__":
-    main()
-    # As trainables.launch does: after DDP the gloo group outlives destroy_process_group (torch 2.13) and
-    # a worker thread of it can abort the interpreter's finalization (SIGABRT after the result was written).
+def exit_now() -> None:
+    """End the process at once. As trainables.launch does: after DDP the gloo group outlives
+    destroy_process_group (torch 2.13) and a worker thread of it can abort the interpreter's finalization
+    (SIGABRT after the result was written)."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
+    exit_now()

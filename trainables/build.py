@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -146,7 +147,8 @@ def build(cfg: TrialConfig, device: torch.device) -> Built:
     blocks = find_blocks(model, wl.blocks)
     activations = None if cfg.probe else sample_activations(wl, model, blocks, step_fn, prec, count)
     counts = ParamCounts.of(model, blocks)
-    layout = shard(model, blocks, Wrapping.of(cfg.strategy, cfg.activation_checkpointing, cfg.compile, cfg.precision),
+    layout = shard(model, blocks, Wrapping.of(cfg.strategy, cfg.activation_checkpointing, cfg.compile, cfg.precision,
+                                                cfg.cpu_offload),
                    device, world_size)
     tags |= layout.tags
     if layout.sharded and prec.autocast_dtype is not None:  # FSDP2's MixedPrecisionPolicy casts: no autocast
@@ -217,7 +219,9 @@ def predict(counts: ParamCounts, activations: Activations | None, optimizer: tor
     optimizer_bytes = optimizer_bytes_per_param(optimizer)
     if activations is None or optimizer_bytes is None:
         return None
-    states = model_states(counts, world, cfg.strategy, compute_bytes, optimizer_bytes)
+    # hsdp shards over the ranks of one node (the mesh's second dimension), replicating across nodes
+    over = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if cfg.strategy == "hsdp" else world
+    states = model_states(counts, over, cfg.strategy, compute_bytes, optimizer_bytes, cfg.cpu_offload and cfg.use_gpu)
     return Prediction(states, activations.of(cfg.activation_checkpointing) * cfg.batch_size)
 
 
@@ -267,7 +271,8 @@ def flops_metrics(final: dict[str, Any], wl: Workload, peak: float | None, per_i
 
 def make_optimizer(wl: Workload, model: nn.Module, cfg: TrialConfig, device: torch.device) -> torch.optim.Optimizer:
     if wl.optimizer_fn is None:
-        return torch.optim.AdamW(model.parameters(), lr=cfg.lr, fused=device.type == "cuda")
+        # fused AdamW runs on the device; an offloaded shard steps on the CPU
+        return torch.optim.AdamW(model.parameters(), lr=cfg.lr, fused=device.type == "cuda" and not cfg.cpu_offload)
     optimizer = wl.optimizer_fn(model, cfg.lr)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise WorkloadError(f"optimizer_fn returned {type(optimizer).__name__}, not a torch.optim.Optimizer: build "

@@ -242,7 +242,7 @@ class TrialConfig(TrialSettings, LoopKnobs):
         problem = window_problem(self.min_window_s, self.max_window_s, self.max_warmup_s) or \
             items_problem("num_items", self.num_items, self.num_warmup_steps) or \
             target_problem(self.target_metric, self.target_max, self.target_min, self.eval_every_steps) or \
-            sharding_problem(self.strategy, self.precision)
+            sharding_problem(self.strategy, self.precision, self.cpu_offload)
         if problem:
             raise ValueError(problem)
 

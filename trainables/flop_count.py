@@ -33,8 +33,10 @@ def _cpu_attention_formulas() -> dict[Any, Callable[..., int]]:
 
 
 def op_formulas() -> dict[Any, Callable[..., int]]:
-    """torch's FLOP formula per op (OpOverloadPacket), the CPU attention kernels' included, each taking the op's
-    arguments and `out_val` as `FlopCounterMode` calls it: what a dispatch mode of our own counts with."""
+    """Return torch's FLOP formula per op (OpOverloadPacket), the CPU attention kernels' included.
+
+    Each takes the op's arguments and `out_val`, as `FlopCounterMode` calls it: what a dispatch mode of our own
+    counts with."""
     from torch.utils import flop_counter as fc
 
     return {**fc.flop_registry, **{k: fc.shape_wrapper(v) for k, v in _cpu_attention_formulas().items()}}

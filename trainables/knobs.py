@@ -25,9 +25,10 @@ LR_SCHEDULES: tuple[str, ...] = ("constant", "cosine")
 # Precision vocabulary (Lightning-style names). "32" is strict fp32 with TF32 off.
 PRECISIONS: tuple[str, ...] = ("32", "tf32", "16-mixed", "bf16-mixed")
 # How the ranks hold the model: DDP (each rank the whole model, gradients all-reduced), or FSDP2 `fully_shard`
-# (parameters, gradients and optimizer state sharded over the ranks), resharding after forward or not
-STRATEGIES: tuple[str, ...] = ("ddp", "fsdp", "fsdp_no_reshard")
-SHARDED: tuple[str, ...] = ("fsdp", "fsdp_no_reshard")
+# (parameters, gradients and optimizer state sharded over the ranks), resharding after forward or not, or hybrid:
+# sharded over the ranks of each node, replicated across nodes (HSDP: FSDP2 on a nodes x ranks-per-node mesh)
+STRATEGIES: tuple[str, ...] = ("ddp", "fsdp", "fsdp_no_reshard", "hsdp")
+SHARDED: tuple[str, ...] = ("fsdp", "fsdp_no_reshard", "hsdp")
 # Activation checkpointing on each repeated block: none, per-op selective (torchtitan's policy), full
 AC_MODES: tuple[str, ...] = ("none", "selective", "full")
 
@@ -172,12 +173,18 @@ class LoopKnobs:
                                  implicit=False, flag=False, memory=True)
     strategy: str = knob("ddp", "how the ranks hold the model: ddp (each rank all of it), fsdp (FSDP2 fully_shard: "
                          "parameters, gradients and optimizer state sharded, each block resharded after its forward), "
-                         "fsdp_no_reshard (kept gathered from forward to backward: less communication, more memory)",
+                         "fsdp_no_reshard (kept gathered from forward to backward: less communication, more memory), "
+                         "hsdp (sharded over each node's ranks, replicated across nodes: the all-gathers stay inside "
+                         "a node; one node: as fsdp)",
                          choices=STRATEGIES, implicit=False, memory=True)
     activation_checkpointing: str = knob("none", "recompute each repeated block's activations in backward instead of "
                                          "keeping them: none, selective (per op, torchtitan's policy: matmul outputs "
                                          "every other one and attention kept), full", choices=AC_MODES,
                                          implicit=False, memory=True)
+    cpu_offload: bool = knob(False, "sharded strategies only: keep parameters, gradients and optimizer state in host "
+                             "memory and step the optimizer on the CPU (FSDP2's CPUOffloadPolicy): the last resort for "
+                             "a model that fits no other way, several times slower; no effect without CUDA",
+                             note="sharded strategies only", implicit=False, memory=True)
     lr_schedule: str = knob("constant", "after warm-up: constant, or cosine decay to 0 at the last step",
                             choices=LR_SCHEDULES, group="optim", implicit=False, speed=False)
 
@@ -286,8 +293,10 @@ def problem(name: str, value: Any) -> str:
     return f"{name} must be {what.rule(kind)}, got {value!r}"
 
 
-def sharding_problem(strategy: str, precision: str) -> str:
-    """Say why `precision` cannot train under `strategy`; "" when it can.
+def sharding_problem(strategy: str, precision: str, cpu_offload: bool = False) -> str:
+    """Say why `precision` (or `cpu_offload`) cannot train under `strategy`; "" when it can.
+
+    Offloading to the CPU is FSDP2's (its `CPUOffloadPolicy` moves each rank's shard); DDP has no shard to move.
 
     fp16's GradScaler does not follow FSDP2's sharded gradients (each rank would check only its own shard for inf/NaN and ranks could disagree on skipping
     a step; torch's `ShardedGradScaler` is written for FSDP1's flat parameters and is not used here)."""
@@ -295,4 +304,7 @@ def sharding_problem(strategy: str, precision: str) -> str:
         return (f"precision 16-mixed cannot train with strategy {strategy}: the GradScaler does not follow FSDP2's "
                 "sharded gradients (ranks could disagree on skipping a step); use bf16-mixed (FSDP2's "
                 "MixedPrecisionPolicy: bf16 parameters, fp32 gradient reduction), or strategy ddp")
+    if cpu_offload and strategy not in SHARDED:
+        return (f"cpu_offload needs a sharded strategy (fsdp or fsdp_no_reshard): FSDP2 offloads each rank's shard, "
+                f"and strategy {strategy} has none; shard, or set cpu_offload false")
     return ""

@@ -97,22 +97,25 @@ def optimizer_bytes_per_param(optimizer: torch.optim.Optimizer) -> int | None:
     return None
 
 
-def model_states(counts: ParamCounts, world: int, strategy: str, compute_bytes: int, optimizer_bytes: int) -> int:
-    """Bytes of model states per rank.
+def model_states(counts: ParamCounts, world: int, strategy: str, compute_bytes: int, optimizer_bytes: int,
+                 offloaded: bool = False) -> int:
+    """Bytes of model states per rank, on its device.
 
-    `compute_bytes`: a parameter's bytes in the forward (2 with bf16 parameters or autocast, else 4)."""
+    `compute_bytes`: a parameter's bytes in the forward (2 with bf16 parameters or autocast, else 4); `offloaded`:
+    the shard, its gradients and optimizer state live in host memory (FSDP2's CPUOffloadPolicy on a GPU), so the
+    device holds what is gathered only. `world`: the ranks the states are sharded over, for `hsdp` a node's."""
     params, root_params, block_params = counts.total, counts.root, counts.blocks
     per_param = 4 + 4 + optimizer_bytes  # fp32 parameter, fp32 gradient, the optimizer's state
     if strategy not in SHARDED:  # autocast's 16-bit weight copies that backward needs are measured activations
         buckets = 4 * params if world > 1 else 0  # DDP reduces gradients in buckets of their own
         return per_param * params + buckets
     shard = per_param * params // max(world, 1)
-    if strategy == "fsdp":  # the root's parameters, and at most two blocks gathered at once (one prefetched)
+    if strategy in ("fsdp", "hsdp"):  # the root's parameters, and at most two blocks gathered at once (one prefetched)
         largest = sorted(block_params, reverse=True)[:2]
         gathered = root_params + sum(largest)
     else:  # fsdp_no_reshard: every block stays gathered from its forward to its backward
         gathered = params
-    return shard + compute_bytes * gathered
+    return (0 if offloaded else shard) + compute_bytes * gathered
 
 
 class _KeptOutputs(TorchDispatchMode):

@@ -137,11 +137,33 @@ class Wrapping:
     ac: str
     compile_blocks: bool
     precision: str
+    offload: bool = False  # FSDP2's CPUOffloadPolicy (CUDA only: on a CPU the model is in host memory already)
 
     @classmethod
-    def of(cls, strategy: str, ac: str, compile_model: bool, precision: str) -> Wrapping:
+    def of(cls, strategy: str, ac: str, compile_model: bool, precision: str, offload: bool = False) -> Wrapping:
         """A trial's wrapping from its knobs: compile goes per block where the model is sharded."""
-        return cls(strategy, ac, compile_model and strategy in SHARDED, precision)
+        return cls(strategy, ac, compile_model and strategy in SHARDED, precision, offload)
+
+
+def node_layout(world_size: int) -> tuple[int, int]:
+    """Return this trial's (nodes, ranks per node), from every rank's `LOCAL_WORLD_SIZE`.
+
+    torchrun and Ray Train set it; it is gathered, so that all ranks agree or all raise the same
+    `UnsupportedError` (never a mesh some ranks disagree on, which would hang them). Call it on every rank."""
+    import os
+
+    import torch.distributed as dist
+
+    mine = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    every = [mine]
+    if world_size > 1 and dist.is_initialized():
+        every = [0] * world_size
+        dist.all_gather_object(every, mine)
+    if len(set(every)) != 1 or world_size % every[0]:
+        raise UnsupportedError(f"strategy hsdp needs the same number of ranks on every node, and the trial's "
+                               f"{world_size} ranks run {sorted(every)} per node; place them evenly (e.g. "
+                               "scaling.num_workers a multiple of the GPUs per node) or use strategy fsdp")
+    return world_size // every[0], every[0]
 
 
 def shard(model: nn.Module, blocks: Blocks, wrapping: Wrapping, device: torch.device, world_size: int) -> Layout:
@@ -165,20 +187,30 @@ def shard(model: nn.Module, blocks: Blocks, wrapping: Wrapping, device: torch.de
     if strategy not in SHARDED:
         return Layout(False, tags)
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-    mesh = init_device_mesh(device.type, (world_size,))  # "cpu" for gloo (a gloo group on a GPU host: #132471)
+    nodes, per_node = node_layout(world_size) if strategy == "hsdp" else (1, world_size)
+    # "cpu" for gloo (a gloo group on a GPU host: #132471); hsdp: 2-D, replicated over the first dimension
+    mesh = init_device_mesh(device.type, (world_size,)) if strategy != "hsdp" else \
+        init_device_mesh(device.type, (nodes, per_node), mesh_dim_names=("replicate", "shard"))
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if precision == "bf16-mixed" else MixedPrecisionPolicy()
-    reshard = strategy == "fsdp"
+    offload = wrapping.offload and device.type == "cuda"
+    policy = CPUOffloadPolicy() if offload else OffloadPolicy()
+    reshard = strategy != "fsdp_no_reshard"
     for block in blocks.container or []:
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
-    said = f"{strategy} over {world_size} rank(s)" + \
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=policy)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=policy)
+    said = (f"{strategy} over {world_size} rank(s)" if strategy != "hsdp" else
+            f"hsdp over {nodes} node(s) x {per_node} rank(s): sharded within a node, replicated across nodes"
+            + (" (one node: as fsdp)" if nodes == 1 else "")) + \
         (", bf16 parameters, fp32 reduction" if precision == "bf16-mixed" else "")
     if world_size == 1:
         said += ": one rank shards nothing (FSDP2's code path, DDP's memory)"
     if blocks.container is None:
         said += "; no repeated blocks: sharded whole"
+    if wrapping.offload:
+        said += ("; shards, gradients and optimizer state in host memory (CPUOffloadPolicy)" if offload else
+                 "; cpu_offload: nothing to move without CUDA (the model is in host memory already)")
     tags[SHARDING_TAG] = said
     return Layout(True, tags)

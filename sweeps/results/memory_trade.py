@@ -31,7 +31,7 @@ from trainables.contract import (
     throughput_key,
 )
 
-TRADES = ("strategy", "activation_checkpointing")  # each trades compute or communication for memory per rank
+TRADES = ("strategy", "activation_checkpointing", "cpu_offload")  # each trades compute or communication for memory per rank
 
 
 def peak_key(rows: list[TrialRow]) -> str | None:

@@ -266,14 +266,21 @@ def the_type_in_one_place(spec: SweepSpec) -> str:
 
 
 def the_scaler_cannot_follow_sharding(spec: SweepSpec) -> str:
-    """space: precision 16-mixed cannot train with a sharded strategy (fsdp, fsdp_no_reshard) ...; use bf16-mixed"""
+    """What a sharded strategy cannot train with, where a trial may draw both.
+
+    space: precision 16-mixed cannot train with a sharded strategy (fsdp, fsdp_no_reshard) ...; use bf16-mixed
+    (or: cpu_offload needs a sharded strategy ...)"""
     from sweeps.spec.params import param_values
 
-    strategies, precisions = (spec.space.param(k) for k in ("strategy", "precision"))
-    for strategy in param_values(strategies) if strategies is not None else []:
-        for precision in param_values(precisions) if precisions is not None else []:
-            if found := sharding_problem(str(strategy), str(precision)):
-                return f"space: {found} (a trial may draw both: drop one from the space)"
+    def values(knob: str, default: object) -> list[object]:
+        p = spec.space.param(knob)
+        return param_values(p) if p is not None else [default]
+
+    for strategy in values("strategy", "ddp"):
+        for precision in values("precision", "32"):
+            for offload in values("cpu_offload", False):
+                if found := sharding_problem(str(strategy), str(precision), offload is True):
+                    return f"space: {found} (a trial may draw both: drop one from the space)"
     return ""
 
 

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 PARAMS_PREFIX = "params."  # space.params.<name>: the trainable's own hyperparameters
 # Knobs added after sweeps were saved: absent from a spec's dump where it does not set them, so an earlier
 # sweep's spec digest (`sweeps.service.saved_state.spec_digest`) still matches when it resumes
-LATER_KNOBS = ("strategy", "activation_checkpointing")
+LATER_KNOBS = ("strategy", "activation_checkpointing", "cpu_offload")
 OPTIM_KNOBS = tuple(sorted(k for k, (_, _, d) in KNOBS.items() if d.group == "optim"))
 
 

@@ -103,10 +103,12 @@ def test_doctor_and_parity_figures() -> None:
 
 def test_parity_rounds_alternate_and_read_both_outputs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     ran: list[str] = []
+    plains: list[tuple[str, list[str]]] = []
 
     def fake_run(cmd: list[str], log: Path, timeout_s: float) -> int:
-        if "plain_ddp.py" in cmd[5]:
+        if "plain_" in cmd[5]:
             ran.append("plain")
+            plains.append((Path(cmd[5]).name, cmd[cmd.index("--strategy"):][:2] if "--strategy" in cmd else []))
             Path(cmd[cmd.index("--out") + 1]).write_text(json.dumps({"throughput": 200.0, "unit": "tokens"}))
         else:
             ran.append("ours")
@@ -117,8 +119,10 @@ def test_parity_rounds_alternate_and_read_both_outputs(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(ga, "_run", fake_run)
     r = ga.parity_stage(tmp_path, str(tmp_path / "data"), rounds=2, steps=5, timeout_s=10)
-    assert ran == ["ours", "plain", "plain", "ours"] * 2
-    assert r.status == "ok" and [x["ratio"] for x in r.rows if "round" in x] == [0.95] * 4
+    assert ran == ["ours", "plain", "plain", "ours"] * 3  # every case, 2 rounds each
+    assert r.status == "ok" and [x["ratio"] for x in r.rows if "round" in x] == [0.95] * 6
+    # the sharded case against the plain FSDP2 loop, both told the strategy
+    assert plains[-2:] == [("plain_fsdp.py", ["--strategy", "fsdp"])] * 2 and plains[0] == ("plain_ddp.py", [])
     assert r.rows[0]["order"] == "ours,plain" and r.rows[1]["order"] == "plain,ours"
 
 

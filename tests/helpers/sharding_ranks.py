@@ -48,9 +48,9 @@ def _ratio(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> float:
 
 
 def _sharded_grads(base: torch.nn.Module, ac: str, x: torch.Tensor, y: torch.Tensor, world: int,
-                   force_sum: bool = False) -> dict[str, torch.Tensor]:
+                   force_sum: bool = False, strategy: str = "fsdp") -> dict[str, torch.Tensor]:
     model = copy.deepcopy(base)
-    shard(model, find_blocks(model), Wrapping("fsdp", ac, False, "32"), CPU, world)
+    shard(model, find_blocks(model), Wrapping(strategy, ac, False, "32"), CPU, world)
     if force_sum:
         # the #162338 trap, injected: reduce-scatter sums and nothing divides (gloo has no PREMUL_SUM)
         model.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]
@@ -72,6 +72,15 @@ def parity(rank: int, world: int) -> dict[str, Any]:
     out = {f"fsdp_{ac}": _ratio(_sharded_grads(base, ac, x[mine], y[mine], world), ref)
            for ac in ("none", "selective", "full")}
     out["fsdp_summed"] = _ratio(_sharded_grads(base, "none", x[mine], y[mine], world, force_sum=True), ref)
+    # hybrid: one node of 2 ranks (sharded over both), then 2 nodes of 1 rank each (replicated, as torchrun
+    # --nnodes 2 would set LOCAL_WORLD_SIZE), checkpointed in full
+    for nodes, per_node in ((1, 2), (2, 1)):
+        os.environ["LOCAL_WORLD_SIZE"] = str(per_node)
+        try:
+            out[f"hsdp_{nodes}x{per_node}"] = _ratio(_sharded_grads(base, "full", x[mine], y[mine], world,
+                                                                    strategy="hsdp"), ref)
+        finally:
+            del os.environ["LOCAL_WORLD_SIZE"]
     return out
 
 

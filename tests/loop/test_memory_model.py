@@ -29,6 +29,10 @@ def test_model_states_by_strategy() -> None:
     assert model_states(n, 2, "fsdp", 2, 8) == 8_000 + 2 * (100 + 600)  # bf16 parameters gathered
     assert model_states(n, 2, "fsdp_no_reshard", 4, 8) == 8_000 + 4 * 1000
     assert model_states(n, 4, "fsdp", 4, 8) < model_states(n, 2, "fsdp", 4, 8)
+    # offloaded to the host (a GPU's CPUOffloadPolicy): the device holds what is gathered, nothing of the shard
+    assert model_states(n, 2, "fsdp", 2, 8, offloaded=True) == 2 * (100 + 600)
+    # hybrid: sharded over a node's 2 ranks (the caller passes those, whatever the world), gathered as fsdp
+    assert model_states(n, 2, "hsdp", 4, 8) == model_states(n, 2, "fsdp", 4, 8) == 8_000 + 4 * 700
 
 
 def test_optimizer_state_is_known_for_adam_and_sgd_only() -> None:

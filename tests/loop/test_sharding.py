@@ -63,6 +63,20 @@ def test_fsdp_gradients_equal_one_process_and_a_summed_gradient_fails(ranks: dic
     for ac in ("none", "selective", "full"):  # AC equal to no AC, and to one process, within fp32 rounding
         assert p[f"fsdp_{ac}"] < 1e-5, (ac, p)
     assert p["fsdp_summed"] == pytest.approx(1.0, abs=1e-3)  # twice the gradient: off by all of it
+    # hybrid sharding, on one node of 2 ranks and on 2 nodes of 1 (replicated): the same gradients
+    assert p["hsdp_1x2"] < 1e-5 and p["hsdp_2x1"] < 1e-5, p
+
+
+def test_hsdp_needs_as_many_ranks_on_every_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainables.sharding import node_layout
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert node_layout(4) == (2, 2)
+    with pytest.raises(UnsupportedError, match=r"strategy hsdp needs the same number of ranks on every node, and the "
+                                               r"trial's 3 ranks run \[2\] per node"):
+        node_layout(3)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert node_layout(2) == (1, 2)  # no launcher said: one node
 
 
 def test_each_ac_mode_trains_under_fsdp_and_says_what_it_wrapped(ranks: dict[str, Any]) -> None:
@@ -130,6 +144,30 @@ def test_fp16_cannot_follow_the_sharding() -> None:
     with pytest.raises(ValueError, match="16-mixed cannot train with strategy fsdp"):
         TrialConfig(workload="gpt-lm", num_steps=1, strategy="fsdp", precision="16-mixed")
     TrialConfig(workload="gpt-lm", num_steps=1, strategy="fsdp", precision="bf16-mixed")
+
+
+def test_cpu_offload_needs_a_shard_to_move_and_a_cpu_has_nothing_to_move() -> None:
+    from sweeps.spec import SpecError, parse_spec
+
+    with pytest.raises(ValueError, match="cpu_offload needs a sharded strategy .* strategy ddp has none"):
+        TrialConfig(workload="gpt-lm", num_steps=1, strategy="ddp", cpu_offload=True)
+    text = (Path(__file__).resolve().parents[2] / "examples" / "memory.yaml").read_text()
+    with pytest.raises(SpecError, match="space: cpu_offload needs a sharded strategy.*drop one from the space"):
+        parse_spec(text.replace("  lr: 1.0e-3\n", "  lr: 1.0e-3\n  cpu_offload: true\n"))
+    parse_spec(text.replace("choices: [ddp, fsdp, fsdp_no_reshard]", "choices: [fsdp, fsdp_no_reshard]")
+               .replace("  lr: 1.0e-3\n", "  lr: 1.0e-3\n  cpu_offload: true\n").replace("num_trials: 18 ", "num_trials: 12 "))
+    # sharded on one gloo rank: on a CPU the offload policy has nothing to move, and the trial's tag says so
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    try:
+        gpt = GPT(GPT_PRESETS["tiny"])
+        layout = shard(gpt, find_blocks(gpt), Wrapping.of("fsdp", "none", False, "32", offload=True), CPU, 1)
+        assert layout.sharded and layout.tags["memory/sharding"].endswith(
+            "cpu_offload: nothing to move without CUDA (the model is in host memory already)")
+        assert all(p.device.type == "cpu" for p in gpt.parameters())
+    finally:
+        dist.destroy_process_group()
 
 
 def test_the_spec_refuses_fp16_with_sharding_and_takes_the_memory_example() -> None:

@@ -33,7 +33,7 @@ def test_defaults_and_fixed_values() -> None:
 
 BAD = {
     "unknown top-level key": (BASE + "epochs: 3\n", "line 4: epochs: unknown key; allowed:"),
-    "unknown knob": (BASE + "space:\n  momentum: 0.9\n", "space.momentum: unknown key; allowed: accelerator_type, activation_checkpointing, batch_size, compile, lr, num_dataloader_workers, num_workers, persistent_workers, pin_memory, precision, prefetch_factor, strategy"),
+    "unknown knob": (BASE + "space:\n  momentum: 0.9\n", "space.momentum: unknown key; allowed: accelerator_type, activation_checkpointing, batch_size, compile, cpu_offload, lr, num_dataloader_workers, num_workers, persistent_workers, pin_memory, precision, prefetch_factor, strategy"),
     "lr <= 0": (BASE + "space:\n  lr: {type: float, low: 0, high: 1}\n", "space.lr: 0.0 is not allowed; values must be a number > 0"),
     "unknown precision": (BASE + "space:\n  precision: {type: categorical, choices: ['32', fp8]}\n",
                           "space.precision: 'fp8' is not allowed; values must be one of ['32', 'tf32', '16-mixed', 'bf16-mixed']"),
