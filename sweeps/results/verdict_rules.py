@@ -9,7 +9,7 @@ knob measures (cheaper decode) has none. A move never names what the trial alrea
 | kind | when | advice |
 |---|---|---|
 | input-bound | data wait >= 20% of the measured window (and, on a GPU, busy below the input bar) | loader workers up, pinned memory (GPU), cheaper decode |
-| communication-bound | 2+ ranks and >= 25% of the window waiting for the gradient all-reduce backward did not hide | fewer ranks, a larger batch per rank, more accumulation |
+| communication-bound | 2+ ranks and >= 25% of the window waiting for the gradient all-reduce backward did not hide (a sharded strategy: the trace's exposed all-gathers and reduce-scatters) | fewer ranks, a larger batch per rank, more accumulation (sharded: fsdp_no_reshard, hsdp across nodes, a larger batch per rank) |
 | compute-bound | GPU: achieved FLOP/s >= 60% of the measured peak | a faster precision |
 | compute-bound | GPU: SM activity (GPM) >= 80%, or NVML utilisation >= 90% where GPM is missing | a faster precision, compile |
 | memory-headroom | GPU: less than half the device's memory reserved at peak | a larger batch |
@@ -56,6 +56,7 @@ from trainables.contract import (
     TRACE_STEP_MS,
     TRACE_STEPS,
 )
+from trainables.knobs import SHARDED
 
 INPUT_WAIT_PCT = 20.0
 # "GPU busy" per signal: (compute-bound at or above, input-bound only below)
@@ -236,13 +237,43 @@ def input_advice(f: Figures) -> tuple[str, tuple[Move, ...]]:
     return ", ".join(facts), tuple(moves)
 
 
-def waits_in_allreduce(f: Figures) -> bool:
+def _sharded(f: Figures) -> bool:
+    return text(f.params.get("strategy", "ddp")) in SHARDED
+
+
+def comm_wait(f: Figures) -> float | None:
+    """Return the share of the step waiting for communication that compute did not hide.
+
+    That is DDP's all-reduce counter, or for a sharded strategy (no counter: FSDP2 has no DDP hook) the trace's
+    exposed collectives, its all-gathers and reduce-scatters."""
     wait = pct(f.metrics, ALLREDUCE_WAIT_PCT)
+    return pct(f.metrics, TRACE_EXPOSED_PCT) if wait is None and _sharded(f) else wait
+
+
+def waits_in_allreduce(f: Figures) -> bool:
+    wait = comm_wait(f)
     return wait is not None and wait >= ALLREDUCE_BOUND_PCT and f.ranks is not None and f.ranks >= 2
 
 
+def sharded_comm_advice(f: Figures, wait: float) -> tuple[str, tuple[Move, ...]]:
+    """Advise on FSDP2's exposed all-gathers and reduce-scatters.
+
+    Keep the gathered blocks, gather inside a node, or give each gathered parameter more compute."""
+    strategy, moves = text(f.params.get("strategy")), []
+    if strategy in ("fsdp", "hsdp"):
+        moves.append(Move("strategy fsdp_no_reshard (no all-gather again in backward; more memory)", "strategy",
+                          "fsdp_no_reshard"))
+    if strategy != "hsdp":
+        moves.append(Move("strategy hsdp where the ranks span nodes (all-gathers inside a node)", "strategy", "hsdp"))
+    moves.append(larger_batch(f.params, " per rank (more compute per gathered parameter)"))
+    return (f"at {f.ranks:g} ranks {wait:.0f}% of the step in FSDP2's all-gathers and reduce-scatters that compute "
+            "did not hide (the trace)"), tuple(moves)
+
+
 def allreduce_advice(f: Figures) -> tuple[str, tuple[Move, ...]]:
-    wait, ranks, accum = pct(f.metrics, ALLREDUCE_WAIT_PCT), f.ranks, f.params.get("grad_accum_steps", 1)
+    wait, ranks, accum = comm_wait(f), f.ranks, f.params.get("grad_accum_steps", 1)
+    if pct(f.metrics, ALLREDUCE_WAIT_PCT) is None and wait is not None:
+        return sharded_comm_advice(f, wait)
     fewer = Move(f"fewer ranks (num_workers below {ranks:g})", "num_workers", DOWN)
     if text(f.params.get(GLOBAL_BATCH_FIXED, "")) == "true":  # one all-reduce per global batch whatever its split
         return (f"at {ranks:g} ranks {wait:.0f}% of the step waiting for the gradient all-reduce that backward did not "

@@ -50,3 +50,20 @@ def test_every_rule_has_its_example_and_the_modules_table_is_the_one_that_runs()
     table = [line.split("|")[1].strip() for line in (rules.__doc__ or "").splitlines()
              if re.match(r"^\| [a-z-]+ \|", line) and not line.startswith("| kind ")]
     assert table == [r.kind for r in RULES]
+
+
+def test_a_sharded_trial_is_communication_bound_by_its_traced_all_gathers() -> None:
+    """FSDP2 has no DDP hook, so no all-reduce counter: the trace's exposed collectives (all-gathers and
+    reduce-scatters are NCCL kernels too) decide, and the moves are the sharding's own."""
+    traced = {"trace/compute_pct": 55.0, "trace/comm_exposed_pct": 38.0, WAIT: 2.0, CPU: 60.0}
+    rule, figures = first_rule(traced, {"num_workers": 8, "batch_size": 4, "strategy": "fsdp"})
+    facts, moves = rule.advice(figures)
+    assert rule.kind == "communication-bound" and facts == (
+        "at 8 ranks 38% of the step in FSDP2's all-gathers and reduce-scatters that compute did not hide (the trace)")
+    assert [(m.knob, m.toward) for m in moves] == [("strategy", "fsdp_no_reshard"), ("strategy", "hsdp"),
+                                                   ("batch_size", "up")]
+    rule, figures = first_rule(traced, {"num_workers": 8, "batch_size": 4, "strategy": "fsdp_no_reshard"})
+    _, kept = rule.advice(figures)
+    assert [m.knob for m in kept] == ["strategy", "batch_size"]  # already kept gathered: hsdp, a larger batch
+    # DDP's trial with the same trace and no counter is not read this way (its counter is the source)
+    assert first_rule(traced, {"num_workers": 8, "batch_size": 4, "strategy": "ddp"})[0].kind != "communication-bound"
