@@ -12,7 +12,7 @@ knob measures (cheaper decode) has none. A move never names what the trial alrea
 | communication-bound | 2+ ranks and >= 25% of the window waiting for the gradient all-reduce backward did not hide (a sharded strategy: the trace's exposed all-gathers and reduce-scatters) | fewer ranks, a larger batch per rank, more accumulation (sharded: fsdp_no_reshard, hsdp across nodes, a larger batch per rank) |
 | compute-bound | GPU: achieved FLOP/s >= 60% of the measured peak | a faster precision |
 | compute-bound | GPU: SM activity (GPM) >= 80%, or NVML utilisation >= 90% where GPM is missing | a faster precision, compile |
-| memory-headroom | GPU: less than half the device's memory reserved at peak | a larger batch |
+| memory-headroom | GPU: less than half the device's memory reserved at peak | a larger batch; checkpointing or CPU offload off |
 | underutilised | GPU: none of the above | a larger batch, compile |
 | compute-bound | CPU: the rank's cores >= 80% busy (its loader workers too when they share them) | fp32 where bf16/fp16 looks emulated, bf16 where native, compile, more cores |
 | underutilised | CPU: less than 80% of even one core busy: the rank waits (on its peers, or for a core) | a larger batch, fp32 where emulated |
@@ -307,8 +307,15 @@ def gpu_memory_left(f: Figures) -> bool:
 
 
 def headroom_advice(f: Figures) -> tuple[str, tuple[Move, ...]]:
+    """A larger batch; and memory bought with compute that is not needed: checkpointing or offload turned off."""
     headroom, total = f.metrics[MEM_HEADROOM_GIB], f.metrics[MEM_TOTAL_GIB]
-    return f"{f.said}{f.gpu_peak()} with only {total - headroom:.1f} of {total:.0f} GiB reserved", (larger_batch(f.params),)
+    moves = [larger_batch(f.params)]
+    if text(f.params.get("activation_checkpointing", "none")) != "none":
+        moves.append(Move("activation_checkpointing none (the memory it saves is not needed; its recomputation is "
+                          "paid every step)", "activation_checkpointing", "none"))
+    if on(f.params, "cpu_offload"):
+        moves.append(Move("cpu_offload off (the device has room for the shard)", "cpu_offload", "false"))
+    return f"{f.said}{f.gpu_peak()} with only {total - headroom:.1f} of {total:.0f} GiB reserved", tuple(moves)
 
 
 def gpu_other(f: Figures) -> bool:

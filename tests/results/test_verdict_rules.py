@@ -67,3 +67,13 @@ def test_a_sharded_trial_is_communication_bound_by_its_traced_all_gathers() -> N
     assert [m.knob for m in kept] == ["strategy", "batch_size"]  # already kept gathered: hsdp, a larger batch
     # DDP's trial with the same trace and no counter is not read this way (its counter is the source)
     assert first_rule(traced, {"num_workers": 8, "batch_size": 4, "strategy": "ddp"})[0].kind != "communication-bound"
+
+
+def test_room_to_spare_says_the_memory_knobs_that_cost_compute_can_go() -> None:
+    metrics = {UTIL: 50.0, HEADROOM: 70.0, TOTAL: 80.0, WAIT: 2.0}
+    rule, figures = first_rule(metrics, {"batch_size": 8, "use_gpu": True, "activation_checkpointing": "full",
+                                         "strategy": "fsdp", "cpu_offload": True})
+    _, moves = rule.advice(figures)
+    assert rule.kind == "memory-headroom"
+    assert [(m.knob, m.toward) for m in moves] == [("batch_size", "up"), ("activation_checkpointing", "none"),
+                                                   ("cpu_offload", "false")]
