@@ -32,6 +32,19 @@ def run_loop(args: list[str], nproc: int = 1, timeout_s: float = 600) -> dict[st
         return dict(json.loads(out.read_text().splitlines()[-1]))
 
 
+def run_plain(script: str, args: list[str], nproc: int = 2, timeout_s: float = 600) -> dict[str, Any]:
+    """Run a plain reference loop (`plain_ddp.py`, `plain_fsdp.py`) under torchrun; return the JSON rank 0 wrote."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "r.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               str(REPO / "benchmarks" / script), *args, "--out", str(out)]
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+        return dict(json.loads(out.read_text()))
+
+
 def summary(values: list[float]) -> dict[str, float]:
     return {"min": min(values), "median": statistics.median(values), "max": max(values), "n": len(values)}
 

@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import REPO, record, run_loop, summary, table  # noqa: E402
+from common import REPO, record, run_loop, run_plain, summary, table  # noqa: E402
 
 PARAMS = {"n_layer": 4, "n_embd": 128, "seq_len": 128}
 BATCH, WARMUP = 8, 5
@@ -41,16 +38,7 @@ def ours(steps: int, ac: str, data_dir: str) -> float:
 
 
 def plain(steps: int, ac: str, data_dir: str) -> float:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "r.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-               str(REPO / "benchmarks" / "plain_fsdp.py"), *_same(steps, ac, data_dir), "--threads", "1",
-               "--out", str(out)]
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-        if proc.returncode != 0:
-            raise RuntimeError(proc.stderr[-3000:])
-        return float(json.loads(out.read_text())["throughput"])
+    return float(run_plain("plain_fsdp.py", [*_same(steps, ac, data_dir), "--threads", "1"])["throughput"])
 
 
 def main() -> None:

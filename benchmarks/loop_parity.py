@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import REPO, record, summary, table
+from common import REPO, record, run_plain, summary, table
 
 WORKLOAD = "image-cnn"
 PARAMS = {"image_size": 32, "num_train_images": 2048, "num_val_images": 64, "width": 8}
@@ -48,17 +47,9 @@ def ray_train(steps: int, report_interval_s: float, data_dir: str) -> float:
 
 
 def plain_torchrun(steps: int, data_dir: str) -> float:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "r.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-               str(REPO / "benchmarks" / "plain_ddp.py"), "--workload", WORKLOAD, "--params", json.dumps(PARAMS),
-               "--batch-size", str(BATCH), "--num-steps", str(steps), "--num-warmup-steps", str(WARMUP),
-               "--threads", "1", "--data-dir", data_dir, "--out", str(out)]
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-        if proc.returncode != 0:
-            raise RuntimeError(proc.stderr[-3000:])
-        return float(json.loads(out.read_text())["throughput"])
+    args = ["--workload", WORKLOAD, "--params", json.dumps(PARAMS), "--batch-size", str(BATCH), "--num-steps",
+            str(steps), "--num-warmup-steps", str(WARMUP), "--threads", "1", "--data-dir", data_dir]
+    return float(run_plain("plain_ddp.py", args)["throughput"])
 
 
 def main() -> None:
