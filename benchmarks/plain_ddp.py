@@ -178,7 +178,8 @@ def run(args: argparse.Namespace, p: Plan, rank: int, world: int, wrap: Wrap = d
             "steps": args.num_steps, "world_size": world, "backend": p.backend,
             "device": torch.cuda.get_device_name(p.device) if p.device.type == "cuda" else "cpu",
             "precision": args.precision,
-            **{k: getattr(args, k) for k in ("strategy", "activation_checkpointing") if hasattr(args, k)}}
+            **{k: getattr(args, k) for k in ("strategy", "activation_checkpointing", "sharded_blocks")
+               if hasattr(args, k)}}
 
 
 def parser(what: str = "DDP") -> argparse.ArgumentParser:

@@ -10,7 +10,8 @@ the one piece of ours it borrows, so both sides shard the same modules).
 
     torchrun --standalone --nproc-per-node 2 benchmarks/plain_fsdp.py --workload gpt-lm --out result.json [options]
 
-The JSON written by rank 0 is `plain_ddp.py`'s, with `strategy` and `activation_checkpointing` added.
+The JSON written by rank 0 is `plain_ddp.py`'s, with `strategy`, `activation_checkpointing` and `sharded_blocks`
+(the blocks `fully_shard` wrapped, besides the root) added.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def fsdp(model: nn.Module, wl: Workload, args: argparse.Namespace, p: Plan, worl
     for block in blocks or []:
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+    args.sharded_blocks = len(blocks or [])  # said in the result: what was sharded, not only what was asked
     return model, dataclasses.replace(p, autocast_dtype=None)
 
 
@@ -60,5 +62,5 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    main(args=parse())
+    main(args=parse(), wrap=fsdp)
     exit_now()

@@ -11,7 +11,7 @@ import logging
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -68,25 +68,15 @@ class ModelBundle:
     sharded: bool = False  # FSDP2 holds `model` (sharding.py): its forward and backward are collectives
 
     def gradient_sync(self, sync: bool) -> AbstractContextManager[object]:
-        """Keep a micro-batch's gradients local where `sync` is False.
+        """Keep a DDP micro-batch's gradients local where `sync` is False: the last micro-batch reduces them all.
 
-        DDP's `no_sync`, FSDP2's `set_requires_gradient_sync`: the last micro-batch's backward reduces them all."""
-        if sync:
+        A sharded model reduce-scatters every micro-batch, as torchtitan does: FSDP2 without gradient sync keeps
+        each parameter's whole gradient (fp32 under bf16) on every rank until the last micro-batch, more than the
+        model states the memory model counts, and a smaller micro-batch of a fixed global batch could then need
+        more memory than a larger one."""
+        if sync or self.ddp is None:
             return contextlib.nullcontext()
-        if self.ddp is not None:
-            return self.ddp.no_sync()
-        if self.sharded:
-            return _fsdp_no_sync(self.model)
-        return contextlib.nullcontext()
-
-
-@contextlib.contextmanager
-def _fsdp_no_sync(model: nn.Module) -> Iterator[None]:
-    model.set_requires_gradient_sync(False)  # type: ignore[operator]
-    try:
-        yield
-    finally:
-        model.set_requires_gradient_sync(True)  # type: ignore[operator]
+        return self.ddp.no_sync()
 
 
 @dataclass

@@ -20,6 +20,7 @@ from trainables.knobs import (  # noqa: F401 - KNOBS and the vocabulary, re-expo
     PROBE_VALUES,
     LoopKnobs,
     TrialSettings,
+    offload_problem,
     sharding_problem,
 )
 from trainables.knobs import problem as setting_problem
@@ -242,7 +243,8 @@ class TrialConfig(TrialSettings, LoopKnobs):
         problem = window_problem(self.min_window_s, self.max_window_s, self.max_warmup_s) or \
             items_problem("num_items", self.num_items, self.num_warmup_steps) or \
             target_problem(self.target_metric, self.target_max, self.target_min, self.eval_every_steps) or \
-            sharding_problem(self.strategy, self.precision, self.cpu_offload)
+            sharding_problem(self.strategy, self.precision, self.cpu_offload) or \
+            offload_problem(self.cpu_offload, self.use_gpu, self.max_grad_norm)
         if problem:
             raise ValueError(problem)
 

@@ -305,6 +305,17 @@ def sharding_problem(strategy: str, precision: str, cpu_offload: bool = False) -
                 "sharded gradients (ranks could disagree on skipping a step); use bf16-mixed (FSDP2's "
                 "MixedPrecisionPolicy: bf16 parameters, fp32 gradient reduction), or strategy ddp")
     if cpu_offload and strategy not in SHARDED:
-        return (f"cpu_offload needs a sharded strategy (fsdp or fsdp_no_reshard): FSDP2 offloads each rank's shard, "
+        return (f"cpu_offload needs a sharded strategy ({', '.join(SHARDED)}): FSDP2 offloads each rank's shard, "
                 f"and strategy {strategy} has none; shard, or set cpu_offload false")
+    return ""
+
+
+def offload_problem(cpu_offload: bool, use_gpu: bool, max_grad_norm: float) -> str:
+    """Say why `cpu_offload` cannot train here; "" when it can.
+
+    On GPUs an offloaded shard's gradients are CPU tensors: clipping their norm all-reduces a CPU tensor, which the
+    trial's NCCL-only process group cannot (torchtitan starts a gloo group beside it for this; this loop does not)."""
+    if cpu_offload and use_gpu and max_grad_norm > 0:
+        return (f"cpu_offload with max_grad_norm {max_grad_norm:g} on GPUs: the offloaded gradients' norm is a CPU "
+                "tensor the NCCL process group cannot all-reduce; set max_grad_norm 0, or cpu_offload false")
     return ""

@@ -135,7 +135,10 @@ class _KeptOutputs(TorchDispatchMode):
         if self.block is None:
             return out
         formula = self.formulas.get(func._overloadpacket)
-        flops = float(formula(*args, **(kwargs or {}), out_val=out)) if formula is not None else 0.0
+        try:  # a formula that cannot read these arguments loses its op's FLOPs, never the memory measurement
+            flops = float(formula(*args, **(kwargs or {}), out_val=out)) if formula is not None else 0.0
+        except Exception:  # noqa: BLE001
+            flops = 0.0
         self.flops[self.block] += flops
         if keeps(func, self.counts, "forward"):
             first = out[0] if isinstance(out, (tuple, list)) else out

@@ -116,12 +116,12 @@ def frontier_sentence(outcome: SweepOutcome) -> str:
     knob, leaner = max(fit, key=lambda kt: (number(kt[1].metrics.get(speed or "")) or 0.0, -kt[1].number))
     text += f"; {larger} fit with {_said(knob, leaner.params[knob])} (trial {leaner.number})"
     cost = [t for t in outcome.ranked() if twins(best, t, knob) and same(t.params.get(knob), leaner.params[knob])]
-    if speed is not None and cost and _speed_key(outcome, cost[0]):
+    if speed is not None and cost and number(cost[0].metrics.get(speed)):
         ratio = cost[0].metrics[speed] / best.metrics[speed]
         text += (f", which costs {100 * (1 - ratio):.0f}% of the throughput at batch_size {best.params['batch_size']} "
                  f"(trial {cost[0].number} vs trial {best.number})" if ratio < 1 else
                  f", which costs nothing measurable at batch_size {best.params['batch_size']} (trial {cost[0].number}: "
                  f"{ratio:.2f}x trial {best.number})")
-    if speed is not None and _speed_key(outcome, leaner):
+    if speed is not None and number(leaner.metrics.get(speed)):
         text += f", and ran at {leaner.metrics[speed] / best.metrics[speed]:.2f}x the best's {speed}"
     return text

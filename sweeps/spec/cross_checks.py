@@ -10,7 +10,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from trainables import registry
-from trainables.contract import COST_PREFIX, THROUGHPUT_PREFIX, is_final_only, sharding_problem, target_problem
+from trainables.contract import (
+    COST_PREFIX,
+    THROUGHPUT_PREFIX,
+    is_final_only,
+    offload_problem,
+    sharding_problem,
+    target_problem,
+)
 
 if TYPE_CHECKING:
     from sweeps.spec.sweep import SweepSpec
@@ -281,6 +288,10 @@ def the_scaler_cannot_follow_sharding(spec: SweepSpec) -> str:
             for offload in values("cpu_offload", False):
                 if found := sharding_problem(str(strategy), str(precision), offload is True):
                     return f"space: {found} (a trial may draw both: drop one from the space)"
+    for offload in values("cpu_offload", False):
+        for norm in values("max_grad_norm", 0.0):
+            if found := offload_problem(offload is True, spec.scaling.use_gpu, float(norm)):  # type: ignore[arg-type]
+                return f"space: {found} (a trial may draw both: drop one from the space)"
     return ""
 
 

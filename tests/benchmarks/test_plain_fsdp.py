@@ -27,6 +27,7 @@ def test_two_gloo_ranks_train_sharded_and_write_the_result(tmp_path: Path, ac: s
     r = json.loads(out.read_text())
     assert (r["world_size"], r["backend"], r["unit"], r["strategy"], r["activation_checkpointing"]) == \
         (2, "gloo", "tokens", "fsdp_no_reshard", ac)
+    assert r["sharded_blocks"] == 2  # fsdp() ran: each block and the root sharded (a DDP run has no such key)
     assert r["items"] == 2 * 4 * 4 * 32 and r["throughput"] > 0  # 2 ranks x 4 measured steps x 4 sequences x 32
 
 

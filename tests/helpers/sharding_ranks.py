@@ -72,6 +72,12 @@ def parity(rank: int, world: int) -> dict[str, Any]:
     out = {f"fsdp_{ac}": _ratio(_sharded_grads(base, ac, x[mine], y[mine], world), ref)
            for ac in ("none", "selective", "full")}
     out["fsdp_summed"] = _ratio(_sharded_grads(base, "none", x[mine], y[mine], world, force_sum=True), ref)
+    # two micro-batches a rank, each reduce-scattered as the loop does (gradients accumulate in the shards)
+    model = copy.deepcopy(base)
+    shard(model, find_blocks(model), Wrapping("fsdp", "none", False, "32"), CPU, world)
+    for half in (slice(mine.start, mine.start + 2), slice(mine.start + 2, mine.stop)):
+        (lm_loss(model(x[half]), y[half]) / 2).backward()
+    out["fsdp_accumulated"] = _ratio(_grads(model), ref)
     # hybrid: one node of 2 ranks (sharded over both), then 2 nodes of 1 rank each (replicated, as torchrun
     # --nnodes 2 would set LOCAL_WORLD_SIZE), checkpointed in full
     for nodes, per_node in ((1, 2), (2, 1)):

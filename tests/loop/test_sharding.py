@@ -63,6 +63,7 @@ def test_fsdp_gradients_equal_one_process_and_a_summed_gradient_fails(ranks: dic
     for ac in ("none", "selective", "full"):  # AC equal to no AC, and to one process, within fp32 rounding
         assert p[f"fsdp_{ac}"] < 1e-5, (ac, p)
     assert p["fsdp_summed"] == pytest.approx(1.0, abs=1e-3)  # twice the gradient: off by all of it
+    assert p["fsdp_accumulated"] < 1e-5, p  # 2 micro-batches a rank, each reduce-scattered: the same gradients
     # hybrid sharding, on one node of 2 ranks and on 2 nodes of 1 (replicated): the same gradients
     assert p["hsdp_1x2"] < 1e-5 and p["hsdp_2x1"] < 1e-5, p
 
@@ -154,8 +155,16 @@ def test_cpu_offload_needs_a_shard_to_move_and_a_cpu_has_nothing_to_move() -> No
     text = (Path(__file__).resolve().parents[2] / "examples" / "memory.yaml").read_text()
     with pytest.raises(SpecError, match="space: cpu_offload needs a sharded strategy.*drop one from the space"):
         parse_spec(text.replace("  lr: 1.0e-3\n", "  lr: 1.0e-3\n  cpu_offload: true\n"))
-    parse_spec(text.replace("choices: [ddp, fsdp, fsdp_no_reshard]", "choices: [fsdp, fsdp_no_reshard]")
+    sharded = (text.replace("choices: [ddp, fsdp, fsdp_no_reshard]", "choices: [fsdp, fsdp_no_reshard]")
                .replace("  lr: 1.0e-3\n", "  lr: 1.0e-3\n  cpu_offload: true\n").replace("num_trials: 18 ", "num_trials: 12 "))
+    parse_spec(sharded)
+    # on GPUs, clipping offloaded gradients all-reduces a CPU tensor, which NCCL cannot: refused, naming the fix
+    with pytest.raises(ValueError, match="cpu_offload with max_grad_norm 1 on GPUs.*set max_grad_norm 0"):
+        TrialConfig(workload="gpt-lm", num_steps=1, strategy="fsdp", cpu_offload=True, use_gpu=True, max_grad_norm=1.0)
+    TrialConfig(workload="gpt-lm", num_steps=1, strategy="fsdp", cpu_offload=True, max_grad_norm=1.0)  # gloo: fine
+    gpu = sharded.replace("  use_gpu: false", "  use_gpu: true").replace("  lr: 1.0e-3\n", "  lr: 1.0e-3\n  max_grad_norm: 1.0\n")
+    with pytest.raises(SpecError, match="space: cpu_offload with max_grad_norm 1 on GPUs"):
+        parse_spec(gpu)
     # sharded on one gloo rank: on a CPU the offload policy has nothing to move, and the trial's tag says so
     import torch.distributed as dist
 
