@@ -21,7 +21,7 @@ from trainables.contract import TrialConfig
 from trainables.loop import train
 from trainables.reporting import ListReporter
 
-SLOW_S = 0.5
+SLOW_S = 2.0  # 3 hand-offs: 6 s a leaking window would count, far above a busy machine's stalls (CI runs 2 tests at once)
 
 
 class SlowCheckpointReporter(ListReporter):

@@ -117,8 +117,10 @@ def test_under_torchrun_no_ranks_clock_counts_rank_0_handing_on_a_checkpoint(tmp
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
     slow, plain = window(1), window(0)
-    assert slow["checkpoints"] == 3 and plain["checkpoints"] == 0  # at measured steps 4, 8, 12: 1.5 s of hand-off
-    assert slow["window_s"] < plain["window_s"] + 0.75, (slow, plain)
+    assert slow["checkpoints"] == 3 and plain["checkpoints"] == 0  # at measured steps 4, 8, 12: 6 s of hand-off
+    # counted, the hand-offs would add 6 s; half of that is the bound: a 0.1-s window on a machine that also runs
+    # another test can stall for a second (the clean clone of 96904ee: 1.2 s more in a 0.5-s-per-save run, past a 0.75 s bound)
+    assert slow["window_s"] < plain["window_s"] + 3.0, (slow, plain)
 
 
 def test_divergence_is_detected_and_never_reported_as_a_number(data_dir: Path) -> None:
