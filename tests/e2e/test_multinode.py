@@ -24,7 +24,7 @@ def test_trials_spread_over_nodes_and_survive_a_node_loss_on_warm_groups_and_col
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_TMPDIR": str(ray_tmp)}
     try:
         proc = subprocess.run([sys.executable, str(REPO / "tests" / "helpers" / "multinode_scenario.py"), str(tmp_path)],
-                              cwd=REPO, env=env, capture_output=True, text=True, timeout=540)
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=720)
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
     said = proc.stdout + proc.stderr
