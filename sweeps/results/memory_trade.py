@@ -22,13 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sweeps.results.outcome import SweepOutcome, TrialRow, number, same, twins
+from sweeps.results.outcome import SweepOutcome, TrialRow, number, same, speed_key, twins
 from trainables.contract import (
     MEM_MAX_ALLOCATED_GIB,
     MEM_PEAK_RSS_GIB,
     MEM_PREDICTED_GIB,
-    THROUGHPUT_PREFIX,
-    throughput_key,
 )
 
 TRADES = ("strategy", "activation_checkpointing", "cpu_offload")  # each trades compute or communication for memory per rank
@@ -74,16 +72,10 @@ def peaks_sentence(outcome: SweepOutcome, configuration: Callable[[TrialRow], st
                        f"{_peak(heaviest, key)})")
     saved = 100.0 * (1.0 - leanest.metrics[key] / best.metrics[key]) if best.metrics[key] > 0 else 0.0
     text += f"; the least, trial {leanest.number} ({configuration(leanest)}), {_peak(leanest, key)}: {saved:.0f}% less"
-    speed = next((k for k in (outcome.spec.objective.primary, throughput_key("samples"), throughput_key("tokens"))
-                  if k.startswith(THROUGHPUT_PREFIX) and k in best.metrics and k in leanest.metrics), None)
-    if speed is not None and best.metrics[speed] > 0:
+    speed = speed_key(outcome.spec, (best, leanest))
+    if speed is not None:
         text += f", at {leanest.metrics[speed] / best.metrics[speed]:.2f}x the best's {speed}"
     return text
-
-
-def _speed_key(outcome: SweepOutcome, *rows: TrialRow) -> str | None:
-    return next((k for k in (outcome.spec.objective.primary, throughput_key("samples"), throughput_key("tokens"))
-                 if k.startswith(THROUGHPUT_PREFIX) and all(number(r.metrics.get(k)) for r in rows)), None)
 
 
 def _said(knob: str, value: object) -> str:
@@ -112,7 +104,7 @@ def frontier_sentence(outcome: SweepOutcome) -> str:
            for k in TRADES if k in searched and not same(t.params.get(k), oom.params.get(k)) and twins(oom, t, k)]
     if not fit:
         return text + "; no trial ran it with another memory setting"
-    speed = _speed_key(outcome, best)
+    speed = speed_key(outcome.spec, (best,))
     knob, leaner = max(fit, key=lambda kt: (number(kt[1].metrics.get(speed or "")) or 0.0, -kt[1].number))
     text += f"; {larger} fit with {_said(knob, leaner.params[knob])} (trial {leaner.number})"
     cost = [t for t in outcome.ranked() if twins(best, t, knob) and same(t.params.get(knob), leaner.params[knob])]

@@ -12,14 +12,13 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from sweeps.results.outcome import SweepOutcome, TrialRow
+from sweeps.results.outcome import SweepOutcome, TrialRow, speed_key
 from sweeps.spec import SweepSpec
 from sweeps.spec.cost import accelerator_types, devices, priced_type, usd_per_hour
 from sweeps.spec.params import param_values
 from trainables.contract import (
     PREDICT_TIME_TO_TARGET_S,
     PREDICT_USD_TO_TARGET,
-    THROUGHPUT_PREFIX,
     TRIAL_USD,
     USD_PER_HOUR,
     USD_TO_TARGET,
@@ -140,8 +139,7 @@ def money_sentence(outcome: SweepOutcome, configuration: Callable[[TrialRow], st
     per = "to the target" if key == USD_TO_TARGET else f"per 1M {key.rsplit('_', 1)[-1]}"
     text = (f"{bold(f'Cheapest: trial {cheapest.number}')} ({configuration(cheapest)}) on {on_what(spec, cheapest)}: "
             f"{bold(f'{_usd(cheapest.metrics[key])} {per}')}")
-    speed = next((k for k in (spec.objective.primary, throughput_key("samples"), throughput_key("tokens"))
-                  if k.startswith(THROUGHPUT_PREFIX) and all(k in t.metrics for t in have)), None)
+    speed = speed_key(spec, have)
     if speed is not None:
         fastest = max(have, key=lambda t: (t.metrics[speed], -t.number))
         if fastest is not cheapest and cheapest.metrics[key] > 0:

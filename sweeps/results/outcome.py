@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from sweeps.spec import SweepSpec
 from sweeps.spec.sections import GLOBAL_BATCH_FIXED
-from trainables.contract import ELAPSED_S, EVALS, FINAL, STEPS, TARGET_BEST, TO_TARGET_METRICS
+from trainables.contract import (
+    ELAPSED_S,
+    EVALS,
+    FINAL,
+    STEPS,
+    TARGET_BEST,
+    THROUGHPUT_PREFIX,
+    TO_TARGET_METRICS,
+    throughput_key,
+)
 from trainables.knobs import KNOBS
 
 
@@ -100,6 +110,15 @@ def number(v: Any) -> float | None:
         return float(v)
     except (TypeError, ValueError):
         return None
+
+
+def speed_key(spec: SweepSpec, rows: Iterable[TrialRow], need: Callable[[Iterable[bool]], bool] = all) -> str | None:
+    """The throughput a sentence says its ratios in: the objective when it is a throughput, else samples/s,
+    else tokens/s; the first of them that `need` (all, or any) of `rows` measured above 0. None when none is."""
+    rows = list(rows)
+    keys = (spec.objective.primary, throughput_key("samples"), throughput_key("tokens"))
+    return next((k for k in keys if k.startswith(THROUGHPUT_PREFIX) and need((number(r.metrics.get(k)) or 0.0) > 0 for r in rows)),
+                None)
 
 
 def same(a: Any, b: Any) -> bool:

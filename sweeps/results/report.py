@@ -27,7 +27,15 @@ import yaml
 from sweeps.results.contention import contended_rows, contention_sentence
 from sweeps.results.memory_trade import memory_sentence
 from sweeps.results.money import money_key, money_sentence
-from sweeps.results.outcome import MEASURED, REPLICATE_TAG, SweepOutcome, TrialRow, at_word, follows_from_batch
+from sweeps.results.outcome import (
+    MEASURED,
+    REPLICATE_TAG,
+    SweepOutcome,
+    TrialRow,
+    at_word,
+    follows_from_batch,
+    speed_key,
+)
 from sweeps.results.payback import payback_sentence
 from sweeps.results.quality import DEGRADED_TAG, efficiency, scaling_twin, workers
 from sweeps.results.verdict import noise_tie, revise_verdicts, sweep_effects
@@ -45,12 +53,10 @@ from trainables.contract import (
     SOL_PCT,
     STEP_TIME_MS,
     SWEEP_USD,
-    THROUGHPUT_PREFIX,
     THROUGHPUT_UNITS,
     TIME_TO_TARGET_S,
     TRIAL_USD,
     throughput_cv_key,
-    throughput_key,
 )
 from trainables.knobs import KNOBS
 
@@ -382,14 +388,6 @@ def compared_run_ids(outcome: SweepOutcome, at_most: int = COMPARE_AT_MOST) -> l
     return [t.run_id for t in measured if t.run_id][:at_most]
 
 
-def throughput_metric(outcome: SweepOutcome) -> str | None:
-    """The throughput speed-ups are measured in: the objective when it is one, else the first one reported."""
-    obj = outcome.spec.objective.primary
-    keys = (obj, throughput_key("samples"), throughput_key("tokens"))
-    return next((k for k in keys if k.startswith(THROUGHPUT_PREFIX) and any(k in t.metrics for t in outcome.ranked())),
-                None)
-
-
 def baseline(outcome: SweepOutcome) -> TrialRow | None:
     """Return the classic reference point, or None when no such trial finished.
 
@@ -408,7 +406,7 @@ def configuration(outcome: SweepOutcome, t: TrialRow) -> str:
 
 def speedups(outcome: SweepOutcome) -> list[tuple[str, TrialRow, float]]:
     """(what, trial, best's throughput / that trial's) against the slowest finished trial and the baseline."""
-    key, best = throughput_metric(outcome), outcome.best
+    key, best = speed_key(outcome.spec, outcome.ranked(), any), outcome.best
     if key is None or best is None or key not in best.metrics:
         return []
     have = [t for t in outcome.ranked() if isinstance(t.metrics.get(key), (int, float)) and t.metrics[key] > 0]
@@ -430,7 +428,7 @@ def answer(outcome: SweepOutcome) -> str:
         return (f"**No answer**: {done}, none feasible with its objective metric ({spec.objective.describe()}). "
                 "See the failed trials' `sweep.failure_reason` tags.")
     metric = spec.objective.primary
-    key = throughput_metric(outcome)
+    key = speed_key(spec, outcome.ranked(), any)
     text = (f"**Best: trial {best.number}** ({configuration(outcome, best)}) with {metric} = "
             f"{_fmt(best.metrics[metric])}")
     ups = speedups(outcome)
