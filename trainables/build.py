@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 import time
 import warnings
 from collections.abc import Callable
@@ -168,7 +167,7 @@ def build(cfg: TrialConfig, device: torch.device) -> Built:
     prep_s, calls = prepared()
     bundle = ModelBundle(wl, model, ddp, forward_model, step_fn, count, optimizer, prec.make_scaler(), channels_last,
                          [p for p in model.parameters() if p.requires_grad], flops, layout.sharded)
-    predicted = predict(counts, activations, optimizer, cfg, world_size, 2 if prec_bytes_16 else 4)
+    predicted = predict(counts, activations, optimizer, cfg, layout.shard_over, 2 if prec_bytes_16 else 4)
     facts = BuildFacts(tags, build_s=time.perf_counter() - t0, data_prep_s=prep_s - prep0, data_cached=calls - calls0,
                        predicted=predicted, recomputed_flops=activations.recomputed_flops(cfg.activation_checkpointing)
                        if activations is not None else None)
@@ -204,13 +203,13 @@ def sample_activations(wl: Workload, model: nn.Module, blocks: Blocks, step: Cal
 
 
 def predict(counts: ParamCounts, activations: Activations | None, optimizer: torch.optim.Optimizer,
-            cfg: TrialConfig, world: int, compute_bytes: int) -> Prediction | None:
-    """This rank's predicted peak: model states by strategy, the micro-batch's activations by AC mode."""
+            cfg: TrialConfig, over: int, compute_bytes: int) -> Prediction | None:
+    """This rank's predicted peak: model states by strategy, the micro-batch's activations by AC mode.
+
+    `over`: the ranks each parameter is sharded over (`Layout.shard_over`: one node's under hsdp)."""
     optimizer_bytes = optimizer_bytes_per_param(optimizer)
     if activations is None or optimizer_bytes is None:
         return None
-    # hsdp shards over the ranks of one node (the mesh's second dimension), replicating across nodes
-    over = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if cfg.strategy == "hsdp" else world
     states = model_states(counts, over, cfg.strategy, compute_bytes, optimizer_bytes, cfg.cpu_offload and cfg.use_gpu)
     return Prediction(states, activations.of(cfg.activation_checkpointing) * cfg.batch_size)
 

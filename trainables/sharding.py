@@ -127,6 +127,7 @@ class Layout:
 
     sharded: bool
     tags: dict[str, str]
+    shard_over: int  # the ranks each parameter is split over: the world, or one node's ranks under hsdp
 
 
 @dataclass(frozen=True)
@@ -185,7 +186,7 @@ def shard(model: nn.Module, blocks: Blocks, wrapping: Wrapping, device: torch.de
     if compile_blocks and blocks.container is not None:
         wrap_blocks(blocks, lambda b: torch.compile(b))  # type: ignore[arg-type, return-value]
     if strategy not in SHARDED:
-        return Layout(False, tags)
+        return Layout(False, tags, world_size)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
@@ -213,4 +214,4 @@ def shard(model: nn.Module, blocks: Blocks, wrapping: Wrapping, device: torch.de
         said += ("; shards, gradients and optimizer state in host memory (CPUOffloadPolicy)" if offload else
                  "; cpu_offload: nothing to move without CUDA (the model is in host memory already)")
     tags[SHARDING_TAG] = said
-    return Layout(True, tags)
+    return Layout(True, tags, per_node)

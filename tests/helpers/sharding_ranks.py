@@ -50,7 +50,9 @@ def _ratio(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> float:
 def _sharded_grads(base: torch.nn.Module, ac: str, x: torch.Tensor, y: torch.Tensor, world: int,
                    force_sum: bool = False, strategy: str = "fsdp") -> dict[str, torch.Tensor]:
     model = copy.deepcopy(base)
-    shard(model, find_blocks(model), Wrapping(strategy, ac, False, "32"), CPU, world)
+    layout = shard(model, find_blocks(model), Wrapping(strategy, ac, False, "32"), CPU, world)
+    # what the memory prediction divides the model states by (the build hands it on)
+    assert layout.shard_over == int(os.environ.get("LOCAL_WORLD_SIZE", world)), (strategy, layout)
     if force_sum:
         # the #162338 trap, injected: reduce-scatter sums and nothing divides (gloo has no PREMUL_SUM)
         model.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]
