@@ -266,4 +266,9 @@ def make_optimizer(wl: Workload, model: nn.Module, cfg: TrialConfig, device: tor
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise WorkloadError(f"optimizer_fn returned {type(optimizer).__name__}, not a torch.optim.Optimizer: build "
                             "one over model's parameters with the lr it is given")
+    if cfg.cpu_offload and device.type == "cuda" and any(g.get("fused") for g in optimizer.param_groups):
+        # before the first step, which would fail on the offloaded shards with a CUDA kernel's error
+        raise WorkloadError(f"optimizer_fn built a fused {type(optimizer).__name__}, which steps on the GPU, and "
+                            "cpu_offload true keeps the shards and optimizer state in host memory: build it "
+                            "with fused=False, or set cpu_offload false")
     return optimizer

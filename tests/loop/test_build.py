@@ -38,3 +38,21 @@ def test_the_build_and_the_loader_give_what_a_trial_trains_with(tmp_path: Path) 
     close_loader(loader, batches)
     with pytest.raises(WorkloadError, match="fewer than batch_size=10000: lower batch_size"):
         make_loader(t.m.wl, _cfg(batch_size=10_000), t.pin, train=True, rank=0, world=1)
+
+
+def test_a_fused_optimizer_of_the_users_is_refused_where_cpu_offload_steps_the_shards_in_host_memory() -> None:
+    from trainables.build import make_optimizer
+    from trainables.workloads.base import Workload
+
+    model = torch.nn.Linear(4, 2)
+    for fused in (True, False):
+        wl = Workload(model=model, train_dataset=[], val_dataset=[],
+                      optimizer_fn=lambda m, lr, fused=fused: torch.optim.AdamW(m.parameters(), lr=lr, fused=fused))
+        offloaded = _cfg(strategy="fsdp", cpu_offload=True)
+        if fused:  # a CUDA device object is enough: the refusal comes before any step
+            with pytest.raises(WorkloadError, match="fused AdamW.*cpu_offload true.*fused=False, or set cpu_offload false"):
+                make_optimizer(wl, model, offloaded, torch.device("cuda"))
+        else:
+            assert isinstance(make_optimizer(wl, model, offloaded, torch.device("cuda")), torch.optim.AdamW)
+        assert isinstance(make_optimizer(wl, model, _cfg(), torch.device("cuda")), torch.optim.AdamW)  # no offload
+        assert isinstance(make_optimizer(wl, model, offloaded, CPU), torch.optim.AdamW)  # nothing offloaded on a CPU

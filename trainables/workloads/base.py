@@ -45,7 +45,8 @@ class Workload:
       tokens); default: the leading dimension of the batch's first tensor x ``items_per_sample``.
       Throughput, energy per 1k items and MFU use it; ``loss/val`` and ``eval/*`` are weighted by it.
     - ``collate_fn``: the DataLoader's (e.g. padding variable-length sequences).
-    - ``optimizer_fn(model, lr) -> Optimizer``: default AdamW (fused on CUDA); ``lr`` is the trial's.
+    - ``optimizer_fn(model, lr) -> Optimizer``: default AdamW (fused on CUDA, but for ``cpu_offload``, whose shards
+      step in host memory: a fused one of yours is refused there); ``lr`` is the trial's.
     - ``eval_fn(model, batch) -> dict[str, number]``: extra validation metrics, averaged over the
       whole validation set like ``loss/val`` and logged as ``eval/<name>``.
     - ``blocks``: the dotted name in ``model`` of the ``nn.ModuleList`` holding its repeated blocks, which
