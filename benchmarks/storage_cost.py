@@ -2,10 +2,12 @@
 loopback) against a local folder, side by side in one run.
 
 Per storage: the sweep's wall time and the service's own cost per trial, as the sweep's overhead line says it
-(wall less the trials' loops: scheduling, worker start-up, tracking, and now the storage's reads and writes).
+(wall less the trials' loops: scheduling, worker start-up, tracking, and now the storage's reads and writes),
+and the requests the S3 server answered during the sweep. `--pairs N` runs N pairs in the order local, S3, S3,
+local, ... (a drift of the machine over the run weighs on both sides alike) and compares the medians.
 Goal (issue 50): within 10% of the local folder.
 
-    .venv/bin/python benchmarks/storage_cost.py [--spec examples/demo.yaml]
+    .venv/bin/python benchmarks/storage_cost.py [--spec examples/demo.yaml] [--pairs 2]
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -49,23 +52,43 @@ def run(label: str, spec_text: str, storage: str) -> dict[str, Any]:
             "trials_ok": ok, "trials": total, "local_s3_folder": local_uri_folder}
 
 
+def on_s3(text: str, prefix: str) -> dict[str, Any]:
+    """The demo with its storage on a fresh moto server, and the requests that server answered."""
+    with s3_server() as s3:  # dummy credentials in this process's environment: the local Ray inherits them
+        row = run("moto S3 on loopback", text, s3.uri(prefix))
+        row["s3_requests"] = s3.requests()
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--spec", default=str(REPO / "examples" / "demo.yaml"))
+    ap.add_argument("--pairs", type=int, default=1, help="local/S3 pairs, in the order local, S3, S3, local, ...")
     a = ap.parse_args()
     text = Path(a.spec).read_text()
     rows = []
-    with tempfile.TemporaryDirectory(prefix="storage-local-") as local:
-        rows.append(run("local folder", text, local))
-    with s3_server() as s3:  # dummy credentials in this process's environment: the local Ray inherits them
-        rows.append(run("moto S3 on loopback", text, s3.uri("sweeps")))
-    base = rows[0]
+    for i in range(2 * a.pairs):
+        if (i % 4) in (1, 2):
+            rows.append(on_s3(text, f"sweeps{i}"))
+        else:
+            with tempfile.TemporaryDirectory(prefix="storage-local-") as local:
+                rows.append(run("local folder", text, local))
+        print(rows[-1], flush=True)
+    base = statistics.median(r["sweep_s"] for r in rows if r["storage"] == "local folder")
     for r in rows:
-        r["sweep_vs_local_pct"] = 100.0 * (r["sweep_s"] - base["sweep_s"]) / base["sweep_s"]
-    print(table(["storage", "sweep s", "service s", "service s/trial", "ok", "vs local"],
-                [[r["storage"], f"{r['sweep_s']:.1f}", f"{r['service_s']:.1f}", f"{r['service_s_per_trial']:.1f}",
-                  f"{r['trials_ok']}/{r['trials']}", f"{r['sweep_vs_local_pct']:+.1f}%"] for r in rows]))
-    record("storage_cost", "python benchmarks/storage_cost.py", rows)
+        r["sweep_vs_local_pct"] = 100.0 * (r["sweep_s"] - base) / base
+    summary = []
+    for label in ("local folder", "moto S3 on loopback"):
+        mine = [r for r in rows if r["storage"] == label]
+        med = {k: statistics.median(r[k] for r in mine) for k in ("sweep_s", "service_s", "service_s_per_trial")}
+        summary.append({"storage": label, "runs": len(mine), **med, "sweep_vs_local_pct": 100.0 * (med["sweep_s"] - base) / base,
+                        "sweeps": [r["sweep_s"] for r in mine], "s3_requests": [r["s3_requests"] for r in mine if "s3_requests" in r],
+                        "trials_ok": sum(r["trials_ok"] for r in mine), "trials": sum(r["trials"] for r in mine)})
+    print(table(["storage", "runs", "sweep s (median; each)", "service s", "service s/trial", "S3 requests", "ok", "vs local"],
+                [[r["storage"], str(r["runs"]), f"{r['sweep_s']:.1f} ({', '.join(f'{x:.1f}' for x in r['sweeps'])})",
+                  f"{r['service_s']:.1f}", f"{r['service_s_per_trial']:.1f}", ", ".join(map(str, r["s3_requests"])) or "-",
+                  f"{r['trials_ok']}/{r['trials']}", f"{r['sweep_vs_local_pct']:+.1f}%"] for r in summary]))
+    record("storage_cost", f"python benchmarks/storage_cost.py --pairs {a.pairs}", summary + rows)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,11 @@ class S3Server:
     endpoint: str  # 127.0.0.1:PORT
     bucket: str
     process: subprocess.Popen[bytes]
+    log: Path  # the server's output: a line per request it answered
+
+    def requests(self) -> int:
+        """How many requests the server has answered so far (its log's request lines)."""
+        return sum(1 for line in self.log.read_text(errors="replace").splitlines() if ' HTTP/1.1" ' in line)
 
     def uri(self, prefix: str = "") -> str:
         path = f"/{prefix.strip('/')}" if prefix.strip("/") else ""
@@ -83,7 +88,7 @@ def s3_server(bucket: str = "sweeps", enforce_auth: bool = False, timeout_s: flo
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        server = S3Server(f"127.0.0.1:{port}", bucket, proc)
+        server = S3Server(f"127.0.0.1:{port}", bucket, proc, Path(log.name))
         if not enforce_auth:
             server.client().create_bucket(Bucket=bucket)
         yield server
