@@ -15,7 +15,9 @@ that batch that differs only in one `TRADES` setting and finished), what that se
 largest that fit with activation_checkpointing none (16 ran out of memory: trial 5); 16 fit with
 activation_checkpointing selective (trial 7), which costs 12% of the throughput at batch_size 8 (trial 3 vs trial
 1), and ran at 0.95x the best's throughput/tokens_per_s". Only what the sweep measured is said: no OOM, or no
-leaner trial at the larger batch, and the sentence says less or nothing.
+leaner trial at the larger batch, and the sentence says less or nothing. With the memory probe on, no trial runs a
+batch the probe saw fail: the probe's findings (`SweepOutcome.probed`) then stand in for the OOM trial, and for the
+leaner trial where none ran ("the memory probe").
 """
 
 from __future__ import annotations
@@ -82,28 +84,57 @@ def _said(knob: str, value: object) -> str:
     return f"{knob} {value}"
 
 
+def _bound(outcome: SweepOutcome, best: TrialRow) -> tuple[TrialRow, str] | None:
+    """The smallest batch above the best's that ran out of memory with the best's settings, as a row (a trial, or
+    the best's settings at the batch the memory probe saw fail), and how the sweep knows it; None where none did."""
+    batch = number(best.params.get("batch_size"))
+    if batch is None:
+        return None
+    out = [t for t in outcome.trials if t.status == "oom" and twins(best, t, "batch_size")
+           and (number(t.params.get("batch_size")) or 0) > batch]
+    if out:
+        oom = min(out, key=lambda t: (number(t.params["batch_size"]), t.number))
+        return oom, f"{oom.params['batch_size']} ran out of memory: trial {oom.number}"
+    # the probe bounds the search: with it, a batch that does not fit is never a trial
+    probe = next((p for p in outcome.probed if p.fails is not None and number(p.fits) == batch
+                  and p.matches(best.params)), None)
+    if probe is None:
+        return None
+    return (TrialRow("probe", 0, {**best.params, "batch_size": probe.fails}, status="oom"),
+            f"{probe.fails} ran out of memory in the memory probe")
+
+
+def _probe_fits(outcome: SweepOutcome, oom: TrialRow, knobs: list[str]) -> str:
+    """A memory setting the probe found `oom`'s batch fits with, where it differs from `oom`'s in one of `knobs`."""
+    larger = number(oom.params["batch_size"]) or 0
+    for p in outcome.probed:
+        shared = [k for k in p.setting if k in oom.params]
+        other = [k for k in shared if not same(oom.params[k], p.setting[k])]
+        if len(other) == 1 and other[0] in knobs and (number(p.fits) or 0) >= larger:
+            return f"; {oom.params['batch_size']} fits with {_said(other[0], p.setting[other[0]])} (the memory probe; no trial ran it)"
+    return ""
+
+
 def frontier_sentence(outcome: SweepOutcome) -> str:
     """Say that the best trial is memory-bound, and what the sweep measured would let a larger batch fit.
 
-    Empty where no larger batch with the best's settings ran out of memory, or no memory setting or batch was
-    searched."""
+    Empty where no larger batch with the best's settings ran out of memory (in a trial, or in the memory probe,
+    which keeps such batches out of the search), or no memory setting or batch was searched."""
     searched, best = outcome.spec.space.searched(), outcome.best
     if best is None or "batch_size" not in searched or not any(k in searched for k in TRADES):
         return ""
-    batch = number(best.params.get("batch_size"))
-    out = [t for t in outcome.trials if t.status == "oom" and twins(best, t, "batch_size")
-           and (number(t.params.get("batch_size")) or 0) > (batch or 0)]
-    if batch is None or not out:
+    bound = _bound(outcome, best)
+    if bound is None:
         return ""
-    oom = min(out, key=lambda t: (number(t.params["batch_size"]), t.number))
+    oom, how = bound
     larger = oom.params["batch_size"]
     held = ", ".join(_said(k, best.params.get(k)) for k in TRADES if k in searched)
-    text = (f"Memory-bound: batch_size {best.params['batch_size']} is the largest that fit with {held} "
-            f"({larger} ran out of memory: trial {oom.number})")
+    text = f"Memory-bound: batch_size {best.params['batch_size']} is the largest that fit with {held} ({how})"
     fit = [(k, t) for t in outcome.trials if t.status == "ok" and same(t.params.get("batch_size"), larger)
            for k in TRADES if k in searched and not same(t.params.get(k), oom.params.get(k)) and twins(oom, t, k)]
     if not fit:
-        return text + "; no trial ran it with another memory setting"
+        return text + (_probe_fits(outcome, oom, [k for k in TRADES if k in searched])
+                       or "; no trial ran it with another memory setting")
     speed = speed_key(outcome.spec, (best,))
     knob, leaner = max(fit, key=lambda kt: (number(kt[1].metrics.get(speed or "")) or 0.0, -kt[1].number))
     text += f"; {larger} fit with {_said(knob, leaner.params[knob])} (trial {leaner.number})"

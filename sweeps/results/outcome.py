@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sweeps.spec import SweepSpec
@@ -59,6 +60,38 @@ class TrialRow:
     metrics: dict[str, Any] = field(default_factory=dict)
     degraded: str = ""  # why its quality is worse than the fp32 reference's at equal data ("" when fine)
     replicate_of: int | None = None  # the trial whose configuration it ran again (a replicate of a close call)
+
+
+@dataclass(frozen=True)
+class Probed:
+    """What the memory probe found for one combination of memory settings (`sweeps.service.probe`): the largest
+    batch size that fit and the smallest that ran out of memory (None: none fit / every one tried fit)."""
+
+    setting: dict[str, Any]  # the memory knobs (and accelerator type, worker count, model params) it held
+    fits: int | None
+    fails: int | None
+
+    def matches(self, params: dict[str, Any]) -> bool:
+        """Whether a trial ran with these settings: each one that the trial logged has the probe's value."""
+        return all(same(params[k], v) for k, v in self.setting.items() if k in params)
+
+
+PROBED_TAG = "sweep.probe_frontier"  # the parent run's record of every combination the probe measured (JSON)
+
+
+def probed_tag(found: list[Probed]) -> dict[str, str]:
+    """The parent run's tag for the probe's findings; none over 5,000 characters, as the sweep's other notes
+    (MLflow keeps 8,000 a tag); the probe's own line per combination, `sweep.probe.<setting>`, still says each."""
+    text = json.dumps([asdict(p) for p in found], sort_keys=True, default=str)
+    return {PROBED_TAG: text} if found and len(text) <= 5000 else {}
+
+
+def probed_from(tags: dict[str, str]) -> list[Probed]:
+    """The probe's findings read back from the parent run's tags ([] where there are none)."""
+    try:
+        return [Probed(dict(p["setting"]), p.get("fits"), p.get("fails")) for p in json.loads(tags.get(PROBED_TAG) or "[]")]
+    except (ValueError, TypeError, KeyError):  # a tag written by hand or cut short: the sentences say less
+        return []
 
 
 def end_status(spec: SweepSpec, metrics: dict[str, Any], tripped: str, out_of_time: bool) -> tuple[str, str, list[str]]:
@@ -167,6 +200,7 @@ class SweepOutcome:
     sweep_usd: float | None = None  # what the sweep held at the spec's prices (None: unpriced)
     sweep_usd_short: str = ""  # why sweep_usd is only a lower bound ("": it is the whole cost)
     from_store: bool = False  # read back from MLflow (`sweeps report`, a finished sweep run again), not run now
+    probed: list[Probed] = field(default_factory=list)  # what the memory probe found, before the search
 
     def ranked(self) -> list[TrialRow]:
         """Finished, feasible trials, best first by the (first) objective; failed ones never rank."""

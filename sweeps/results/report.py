@@ -34,6 +34,7 @@ from sweeps.results.outcome import (
     TrialRow,
     at_word,
     follows_from_batch,
+    probed_from,
     speed_key,
 )
 from sweeps.results.payback import payback_sentence
@@ -321,7 +322,8 @@ def load_outcome(client: Any, name_or_run_id: str) -> SweepOutcome:
     tags = parent.data.tags
     outcome = SweepOutcome(spec, run_id, client.tracking_uri, rows, elapsed, tags.get("sweep.stopped", ""),
                            tags.get("sweep.interrupted", ""), tags.get("sweep.exhausted", ""),
-                           parent.data.metrics.get(SWEEP_USD), tags.get("sweep.cost_at_least", ""), from_store=True)
+                           parent.data.metrics.get(SWEEP_USD), tags.get("sweep.cost_at_least", ""), from_store=True,
+                           probed=probed_from(tags))
     revise_verdicts(outcome)  # as the sweep does at its end; a no-op where it logged its revision
     return outcome
 

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from sweeps.results.contention import CONTENDED_TAG, contended
 from sweeps.results.money import groups_usd, sweep_total, trial_usd
-from sweeps.results.outcome import MEASURED, REPLICATE_TAG, UNFINISHED, SweepOutcome, TrialRow, end_status
+from sweeps.results.outcome import MEASURED, REPLICATE_TAG, UNFINISHED, SweepOutcome, TrialRow, end_status, probed_from
 from sweeps.results.quality import annotate, log_updates
 from sweeps.results.report import rows_from_runs, sweep_note
 from sweeps.results.sol import SpeedOfLight
@@ -425,7 +425,8 @@ class SweepController:
                 row.status, row.reason = "lost", "the sweep driver died before Tune recorded this trial; another ran in its place"
             tracker.end_trial(row.trial_id, False, row.status, row.reason, {})
         outcome = SweepOutcome(spec, self.parent, tracker.uri, sorted(self.rows.values(), key=lambda r: r.number),
-                               wall, s.tripped, interrupted, s.exhausted if not interrupted else "")
+                               wall, s.tripped, interrupted, s.exhausted if not interrupted else "",
+                               probed=probed_from(self.probe_tags))
         self._close_parent(outcome)
         if interrupted:
             echo(f"the sweep did not finish ({interrupted}); continue it with: {resume_command(spec)}")

@@ -31,6 +31,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from sweeps.results.outcome import Probed, probed_tag
 from sweeps.search.live_state import SearchState
 from sweeps.search.trials import fixed_knobs, resolve_trial, worker_counts
 from sweeps.service.failures import classify
@@ -144,6 +145,7 @@ def probe_frontier(spec: SweepSpec, queue: Any, state: SearchState, echo: Callab
               if k != "batch_size" and k not in MEMORY_KNOBS and not k.startswith(PARAMS_PREFIX)}
     candidates = batch_candidates(space.held("batch_size"))
     tags: dict[str, str] = {}
+    found_all: list[Probed] = []
     for setting in memory_settings(spec):
         knobs = {**fixed_knobs(spec), **others, **setting}
         lo, hi, tried, note = _frontier(queue, spec, knobs, candidates)
@@ -156,4 +158,6 @@ def probe_frontier(spec: SweepSpec, queue: Any, state: SearchState, echo: Callab
                  + f" ({len(tried)} of {len(candidates)} candidates tried: {', '.join(tried)}){note}")
         echo(f"memory probe {name}: {found}")
         tags[f"sweep.probe.{tag}"] = found[:5000]
-    return tags
+        if not note:  # its frontier measured: what the answer's memory-bound sentence may cite
+            found_all.append(Probed(setting, fits, failed))
+    return tags | probed_tag(found_all)

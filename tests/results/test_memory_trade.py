@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sweeps.results.memory_trade import memory_sentence
-from sweeps.results.outcome import SweepOutcome, TrialRow
+from sweeps.results.outcome import Probed, SweepOutcome, TrialRow, probed_from, probed_tag
 from sweeps.results.report import answer, configuration
 from sweeps.spec import parse_spec
 from trainables import contract
@@ -85,3 +85,29 @@ def test_a_best_at_its_memory_frontier_says_which_setting_fits_the_larger_batch_
         "(16 ran out of memory: trial 2); no trial ran it with another memory setting")
     assert memory_sentence(SweepOutcome(spec, "p", "u", [rows[0], rows[2], rows[3]], 1.0), str) == ""
     assert memory_sentence(SweepOutcome(spec, "p", "u", [rows[0], _at(2, 16, "selective", None, "oom")], 1.0), str) == ""
+
+
+def test_a_best_at_the_frontier_the_memory_probe_found_says_so_from_the_probe() -> None:
+    """With the probe on, a batch that does not fit never runs as a trial: the frontier is the probe's."""
+    spec = parse_spec(FRONTIER)
+    none = {"precision": "32", "strategy": "ddp", "activation_checkpointing": "none", "num_workers": 2}
+    probed = [Probed(none, 8, 16), Probed({**none, "activation_checkpointing": "selective"}, 16, None)]
+    rows = [_at(1, 8, "none", 1000.0), _at(3, 8, "selective", 880.0), _at(4, 16, "selective", 950.0)]
+    for r in rows:  # as every trial logs them
+        r.params |= {"precision": "32", "num_workers": 2}
+    said = memory_sentence(SweepOutcome(spec, "p", "u", rows, 1.0, probed=probed), str)
+    assert said == ("Memory-bound: batch_size 8 is the largest that fit with activation_checkpointing none (16 ran out "
+                    "of memory in the memory probe); 16 fit with activation_checkpointing selective (trial 4), which "
+                    "costs 12% of the throughput at batch_size 8 (trial 3 vs trial 1), and ran at 0.95x the best's "
+                    "throughput/tokens_per_s"), said
+    # no trial at 16 with another setting: the probe's own finding, said as the probe's
+    assert memory_sentence(SweepOutcome(spec, "p", "u", rows[:2], 1.0, probed=probed), str).endswith(
+        "(16 ran out of memory in the memory probe); 16 fits with activation_checkpointing selective (the memory "
+        "probe; no trial ran it)")
+    # the probe's frontier of other settings (another precision), or a best below its frontier: nothing to say
+    other = [Probed({**none, "precision": "bf16-mixed"}, 8, 16)]
+    assert memory_sentence(SweepOutcome(spec, "p", "u", [*rows[:2]], 1.0, probed=other), str) == ""
+    assert memory_sentence(SweepOutcome(spec, "p", "u", rows[:2], 1.0, probed=[Probed(none, 16, 32)]), str) == ""
+    # read back from the parent run's tag, as `sweeps report` does
+    assert probed_from(probed_tag(probed)) == probed and probed_from({}) == []
+    assert probed_from({"sweep.probe_frontier": "[{cut short"}) == []

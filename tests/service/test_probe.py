@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from mlflow.tracking import MlflowClient
 
+from sweeps.results.outcome import PROBED_TAG, probed_from
 from sweeps.search.live_state import SearchState, running
 from sweeps.search.searcher import SweepSearch, make_searcher
 from sweeps.service import probe
@@ -143,7 +144,8 @@ def test_every_precision_and_compile_combination_is_probed_and_bounds_only_itsel
     assert "memory probe bf16-mixed, compile, params.hidden=32: largest batch_size that fits 128, 256 does not" \
         in "\n".join(lines), lines
     assert tags["sweep.probe.32.params.hidden.64"].startswith("largest batch_size that fits 16, 32 does not")
-    assert len(lines) == len(tags) == 8
+    assert len(lines) == len(tags) - 1 == 8  # a line and a tag each, and the findings for the answer (PROBED_TAG)
+    assert len(probed_from(tags)) == 8
     search = make_searcher(spec)
     assert search is not None
     proposals = _proposals(search, 60)
@@ -163,7 +165,8 @@ def test_settings_the_probe_did_not_measure_are_bounded_by_the_smallest_batch_it
     _, tags, tried = _probe(spec, state, _memory, monkeypatch,
                             fails=lambda k: "error" if (k["precision"], k["compile"], k["batch_size"]) == ("32", True, 128) else "")
     assert tags["sweep.probe.32.compile.params.hidden.32"].endswith("64 fits, 256 oom, 128 error); stopped: error: it broke")
-    assert {k["params.hidden"] for k in tried} == {32} and len(tags) == 4
+    assert {k["params.hidden"] for k in tried} == {32} and len(tags) == 5
+    assert len(probed_from(tags)) == 3  # the stopped one's frontier was not measured: nothing for the answer to cite
     smallest = 64  # fp32 uncompiled at hidden=32 fits 32
     for p, c, h in [("bf16-mixed", True, 100), ("32", False, 33), ("32", True, 32)]:
         knobs = {"precision": p, "compile": c, "params.hidden": h, "num_workers": 2}
@@ -199,7 +202,9 @@ def test_the_h100_case_a_compiled_batch_runs_only_where_the_probe_saw_it_fit(
     assert lines[0].startswith("memory probe bf16-mixed: largest batch_size that fits 64, 256 does not"), lines
     assert lines[1].startswith(f"memory probe bf16-mixed, compile: largest batch_size that fits {compiled_fits}, "
                                f"{batches[batches.index(compiled_fits) + 1]} does not"), lines
-    assert set(tags) == {"sweep.probe.bf16-mixed", "sweep.probe.bf16-mixed.compile"}
+    assert set(tags) == {"sweep.probe.bf16-mixed", "sweep.probe.bf16-mixed.compile", PROBED_TAG}
+    found = {p.setting["compile"]: (p.fits, p.fails) for p in probed_from(tags)}
+    assert found == {False: (64, 256), True: (compiled_fits, batches[batches.index(compiled_fits) + 1])}, found
     search = make_searcher(spec)
     assert search is not None
     ran = [(p["batch_size"], p["compile"]) for p in _proposals(search, 20)]
