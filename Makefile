@@ -36,8 +36,9 @@ browser:
 	  { $$SUDO apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium >/dev/null 2>&1; } || \
 	  echo "WARNING: could not install chromium; the MLflow UI browser test will skip"; }
 
+# Every test's time lands in test-artifacts/junit.xml (ignored by git): what each lane of the two processes took.
 test: install-dev browser docs
-	$(PY) -m pytest -q -rs --durations=30 -n 2 --dist loadgroup
+	$(PY) -m pytest -q -rs --durations=30 -n 2 --dist loadgroup --junitxml=test-artifacts/junit.xml
 
 # Every test that needs no Ray cluster (unit tests, the loop in one process and under torchrun): ~2 min here.
 test-fast: install-dev
