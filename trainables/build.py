@@ -272,3 +272,11 @@ def make_optimizer(wl: Workload, model: nn.Module, cfg: TrialConfig, device: tor
                             "cpu_offload true keeps the shards and optimizer state in host memory: build it "
                             "with fused=False, or set cpu_offload false")
     return optimizer
+
+
+def compile_cache_counts() -> tuple[int, int]:
+    """This process's FX graph cache (hits, misses) so far: `torch.compile`'s inductor counters, which grow
+    over the trials a warm rank runs (a trial takes the difference)."""
+    from torch._dynamo.utils import counters
+
+    return counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]

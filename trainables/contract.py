@@ -27,6 +27,8 @@ from trainables.knobs import problem as setting_problem
 from trainables.metrics import (  # noqa: F401 - every key, declared there once, re-exported
     ALLREDUCE_WAIT_PCT,
     BUILD_S,
+    COMPILE_CACHE_HITS,
+    COMPILE_CACHE_MISSES,
     COST_PREFIX,
     CPU_CORES_USED,
     CPU_LOADERS_PCT,

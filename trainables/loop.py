@@ -53,7 +53,7 @@ import torch
 
 from trainables import contract
 from trainables.batches import checked_count, loss_of, move_to_device, take_items, tensor_bytes
-from trainables.build import Built, build, flops_metrics, gpu_layout
+from trainables.build import Built, build, compile_cache_counts, flops_metrics, gpu_layout
 from trainables.checkpoint import Checkpointer, Saved
 from trainables.contract import TrialConfig
 from trainables.devinfo import device_facts
@@ -215,6 +215,7 @@ class _Run:
         self.evals = Evaluator(cfg, self.win.timer, self.validate)
         self.saved = Saved(t.m.model, t.m.optimizer, t.m.scaler, self.scheduler, t.m.sharded)  # what a checkpoint holds
         self.traced: dict[str, Any] = {}  # the trace's figures (trainables.trace), once warm-up ended
+        self.cache0 = compile_cache_counts() if cfg.compile else None  # before the first compiled forward
 
     def run_step(self, batches: Iterator[Any], micros: int, need: int, step: int) -> int:
         """One optimizer step of `micros` micro-batches (the last cut to `need` items on this rank, when
@@ -363,6 +364,10 @@ class _Run:
         if win.warm_steps_s is not None:  # agreed when the window began
             final[contract.WARMUP_STEPS_S] = win.warm_steps_s
         if t.rank == 0:
+            if self.cache0 is not None:
+                hits, misses = compile_cache_counts()
+                final[contract.COMPILE_CACHE_HITS] = hits - self.cache0[0]
+                final[contract.COMPILE_CACHE_MISSES] = misses - self.cache0[1]
             final.update(device_facts(device) | t.facts.tags)
             if t.inst.telemetry is not None:
                 final.update(t.inst.telemetry.facts)

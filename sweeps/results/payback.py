@@ -6,13 +6,15 @@ same number of warm-up steps), the saving the difference of their `time/step_ms`
 in optimizer steps: "Compile: trial 5 spent 41 s more before its measured window than trial 6 (compile off) and
 takes 12.0 ms less per step (88.0 vs 100.0 ms): it pays for itself after 3,417 steps (41 s / 12.0 ms)". A compiled
 trial that is no faster per step never pays back, and is said so. The pair is the best trial and its compile
-twin, else the fastest compiled trial and its eager twin.
+twin, else the fastest compiled trial and its eager twin. A compiled trial that compiled no graph itself
+(`compile/graphs_compiled` 0: a warm rank ran code an earlier trial compiled, or the graphs came from the cache)
+has little or no compilation in its seconds, and the sentence says so: a first compile costs more.
 """
 
 from __future__ import annotations
 
 from sweeps.results.outcome import SweepOutcome, TrialRow, number, same, twins
-from trainables.contract import STEP_TIME_MS, WARMUP_S
+from trainables.contract import COMPILE_CACHE_HITS, COMPILE_CACHE_MISSES, STEP_TIME_MS, WARMUP_S
 
 
 def _on(t: TrialRow) -> bool:
@@ -29,6 +31,15 @@ def _pair(outcome: SweepOutcome) -> tuple[TrialRow, TrialRow] | None:
     return None
 
 
+def _none_compiled(on: TrialRow) -> str:
+    """Where the compiled trial compiled no graph: why, and that its seconds understate a first compile."""
+    compiled, cached = number(on.metrics.get(COMPILE_CACHE_MISSES)), number(on.metrics.get(COMPILE_CACHE_HITS))
+    if compiled is None or compiled > 0:
+        return ""
+    how = "took its graphs from the compile cache" if cached else "ran code an earlier trial of its warm process compiled"
+    return f"; trial {on.number} compiled no graph: it {how}, so a first compile adds more than this"
+
+
 def payback_sentence(outcome: SweepOutcome) -> str:
     """Say compile's cost in seconds and the step at which it pays back.
 
@@ -42,7 +53,7 @@ def payback_sentence(outcome: SweepOutcome) -> str:
     extra = float(on.metrics[WARMUP_S]) - float(off.metrics[WARMUP_S])
     a, b = float(on.metrics[STEP_TIME_MS]), float(off.metrics[STEP_TIME_MS])
     text = (f"Compile: trial {on.number} spent {abs(extra):.0f} s {'more' if extra >= 0 else 'less'} before its "
-            f"measured window than trial {off.number} (compile off)")
+            f"measured window than trial {off.number} (compile off{_none_compiled(on)})")
     if a >= b:
         return text + f" and is no faster per step ({a:.1f} vs {b:.1f} ms): it never pays back here"
     text += f" and takes {b - a:.1f} ms less per step ({a:.1f} vs {b:.1f} ms)"
