@@ -275,8 +275,10 @@ def make_optimizer(wl: Workload, model: nn.Module, cfg: TrialConfig, device: tor
 
 
 def compile_cache_counts() -> tuple[int, int]:
-    """This process's FX graph cache (hits, misses) so far: `torch.compile`'s inductor counters, which grow
-    over the trials a warm rank runs (a trial takes the difference)."""
+    """Return this process's FX graph cache (hits, misses) so far.
+
+    They are `torch.compile`'s inductor counters, which grow over the trials a warm rank runs (a trial takes the
+    difference)."""
     from torch._dynamo.utils import counters
 
     return counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]

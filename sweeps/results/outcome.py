@@ -64,8 +64,9 @@ class TrialRow:
 
 @dataclass(frozen=True)
 class Probed:
-    """What the memory probe found for one combination of memory settings (`sweeps.service.probe`): the largest
-    batch size that fit and the smallest that ran out of memory (None: none fit / every one tried fit)."""
+    """What the memory probe found for one combination of memory settings (`sweeps.service.probe`).
+
+    The largest batch size that fit and the smallest that ran out of memory (None: none fit / every one tried fit)."""
 
     setting: dict[str, Any]  # the memory knobs (and accelerator type, worker count, model params) it held
     fits: int | None
@@ -80,8 +81,10 @@ PROBED_TAG = "sweep.probe_frontier"  # the parent run's record of every combinat
 
 
 def probed_tag(found: list[Probed]) -> dict[str, str]:
-    """The parent run's tag for the probe's findings; none over 5,000 characters, as the sweep's other notes
-    (MLflow keeps 8,000 a tag); the probe's own line per combination, `sweep.probe.<setting>`, still says each."""
+    """Return the parent run's tag for the probe's findings.
+
+    None over 5,000 characters, as the sweep's other notes (MLflow keeps 8,000 a tag); the probe's own line per
+    combination, `sweep.probe.<setting>`, still says each."""
     text = json.dumps([asdict(p) for p in found], sort_keys=True, default=str)
     return {PROBED_TAG: text} if found and len(text) <= 5000 else {}
 
@@ -146,8 +149,10 @@ def number(v: Any) -> float | None:
 
 
 def speed_key(spec: SweepSpec, rows: Iterable[TrialRow], need: Callable[[Iterable[bool]], bool] = all) -> str | None:
-    """The throughput a sentence says its ratios in: the objective when it is a throughput, else samples/s,
-    else tokens/s; the first of them that `need` (all, or any) of `rows` measured above 0. None when none is."""
+    """Return the throughput a sentence says its ratios in (None when there is none).
+
+    The objective when it is a throughput, else samples/s, else tokens/s: the first of them that `need` (all, or
+    any) of `rows` measured above 0."""
     rows = list(rows)
     keys = (spec.objective.primary, throughput_key("samples"), throughput_key("tokens"))
     return next((k for k in keys if k.startswith(THROUGHPUT_PREFIX) and need((number(r.metrics.get(k)) or 0.0) > 0 for r in rows)),
