@@ -108,10 +108,12 @@ def _probe_fits(outcome: SweepOutcome, oom: TrialRow, knobs: list[str]) -> str:
     """A memory setting the probe found `oom`'s batch fits with, where it differs from `oom`'s in one of `knobs`."""
     larger = number(oom.params["batch_size"]) or 0
     for p in outcome.probed:
-        shared = [k for k in p.setting if k in oom.params]
-        other = [k for k in shared if not same(oom.params[k], p.setting[k])]
+        setting = p.logged()
+        if not all(k in oom.params for k in setting):  # a setting the trials do not log: not theirs to compare
+            continue
+        other = [k for k, v in setting.items() if not same(oom.params[k], v)]
         if len(other) == 1 and other[0] in knobs and (number(p.fits) or 0) >= larger:
-            return f"; {oom.params['batch_size']} fits with {_said(other[0], p.setting[other[0]])} (the memory probe; no trial ran it)"
+            return f"; {oom.params['batch_size']} fits with {_said(other[0], setting[other[0]])} (the memory probe; no trial ran it)"
     return ""
 
 

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sweeps.spec import SweepSpec
+from sweeps.spec import PARAMS_PREFIX, SweepSpec
 from sweeps.spec.sections import GLOBAL_BATCH_FIXED
 from trainables.contract import (
     ELAPSED_S,
@@ -72,21 +72,31 @@ class Probed:
     fits: int | None
     fails: int | None
 
+    def logged(self) -> dict[str, Any]:
+        """The setting under the names a trial logs it by (`space.params.<name>` as `workload.<name>`)."""
+        return {logged_key(k): v for k, v in self.setting.items()}
+
     def matches(self, params: dict[str, Any]) -> bool:
-        """Whether a trial ran with these settings: each one that the trial logged has the probe's value."""
-        return all(same(params[k], v) for k, v in self.setting.items() if k in params)
+        """Whether a trial ran with these settings: it logged each of them, with the probe's value."""
+        return all(k in params and same(params[k], v) for k, v in self.logged().items())
+
+
+def logged_key(key: str) -> str:
+    """The name a trial logs a knob by: `space.params.<name>` as `workload.<name>`, the rest as they are."""
+    return "workload." + key.removeprefix(PARAMS_PREFIX) if key.startswith(PARAMS_PREFIX) else key
 
 
 PROBED_TAG = "sweep.probe_frontier"  # the parent run's record of every combination the probe measured (JSON)
+PROBED_MAX = 8000  # MLflow's longest tag value (mlflow.utils.validation.MAX_TAG_VAL_LENGTH)
 
 
 def probed_tag(found: list[Probed]) -> dict[str, str]:
-    """Return the parent run's tag for the probe's findings.
+    """Return the parent run's tag for the probe's findings, as compact JSON.
 
-    None over 5,000 characters, as the sweep's other notes (MLflow keeps 8,000 a tag); the probe's own line per
+    None over MLflow's 8,000 characters a tag value (~80 combinations; the caller says so); the probe's own line per
     combination, `sweep.probe.<setting>`, still says each."""
-    text = json.dumps([asdict(p) for p in found], sort_keys=True, default=str)
-    return {PROBED_TAG: text} if found and len(text) <= 5000 else {}
+    text = json.dumps([asdict(p) for p in found], sort_keys=True, separators=(",", ":"), default=str)
+    return {PROBED_TAG: text} if found and len(text) <= PROBED_MAX else {}
 
 
 def probed_from(tags: dict[str, str]) -> list[Probed]:

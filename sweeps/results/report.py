@@ -34,6 +34,7 @@ from sweeps.results.outcome import (
     TrialRow,
     at_word,
     follows_from_batch,
+    logged_key,
     probed_from,
     speed_key,
 )
@@ -95,7 +96,7 @@ def space_keys(outcome: SweepOutcome) -> list[str]:
 
 def logged_value(t: TrialRow, key: str) -> Any:
     """A knob's value as the trial logged it (`space.params.<name>` is logged as `workload.<name>`)."""
-    return t.params.get("workload." + key.removeprefix(PARAMS_PREFIX) if key.startswith(PARAMS_PREFIX) else key)
+    return t.params.get(logged_key(key))
 
 
 def knob_split(outcome: SweepOutcome) -> tuple[list[str], dict[str, Any]]:

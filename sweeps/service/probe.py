@@ -160,4 +160,8 @@ def probe_frontier(spec: SweepSpec, queue: Any, state: SearchState, echo: Callab
         tags[f"sweep.probe.{tag}"] = found[:5000]
         if not note:  # its frontier measured: what the answer's memory-bound sentence may cite
             found_all.append(Probed(setting, fits, failed))
-    return tags | probed_tag(found_all)
+    kept = probed_tag(found_all)
+    if found_all and not kept:
+        echo(f"memory probe: its {len(found_all)} findings are longer than an MLflow tag holds; the answer's "
+             "memory-bound sentence will not cite them (each is in its sweep.probe.* tag above)")
+    return tags | kept

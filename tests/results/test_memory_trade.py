@@ -90,11 +90,12 @@ def test_a_best_at_its_memory_frontier_says_which_setting_fits_the_larger_batch_
 def test_a_best_at_the_frontier_the_memory_probe_found_says_so_from_the_probe() -> None:
     """With the probe on, a batch that does not fit never runs as a trial: the frontier is the probe's."""
     spec = parse_spec(FRONTIER)
-    none = {"precision": "32", "strategy": "ddp", "activation_checkpointing": "none", "num_workers": 2}
+    none = {"precision": "32", "strategy": "ddp", "activation_checkpointing": "none", "num_workers": 2,
+            "params.hidden": 64}  # the probe names a model param as the space does; a trial logs workload.hidden
     probed = [Probed(none, 8, 16), Probed({**none, "activation_checkpointing": "selective"}, 16, None)]
     rows = [_at(1, 8, "none", 1000.0), _at(3, 8, "selective", 880.0), _at(4, 16, "selective", 950.0)]
     for r in rows:  # as every trial logs them
-        r.params |= {"precision": "32", "num_workers": 2}
+        r.params |= {"precision": "32", "num_workers": 2, "workload.hidden": "64"}  # MLflow gives text back
     said = memory_sentence(SweepOutcome(spec, "p", "u", rows, 1.0, probed=probed), str)
     assert said == ("Memory-bound: batch_size 8 is the largest that fit with activation_checkpointing none (16 ran out "
                     "of memory in the memory probe); 16 fit with activation_checkpointing selective (trial 4), which "
@@ -105,8 +106,9 @@ def test_a_best_at_the_frontier_the_memory_probe_found_says_so_from_the_probe() 
         "(16 ran out of memory in the memory probe); 16 fits with activation_checkpointing selective (the memory "
         "probe; no trial ran it)")
     # the probe's frontier of other settings (another precision), or a best below its frontier: nothing to say
-    other = [Probed({**none, "precision": "bf16-mixed"}, 8, 16)]
-    assert memory_sentence(SweepOutcome(spec, "p", "u", [*rows[:2]], 1.0, probed=other), str) == ""
+    for other in ({"precision": "bf16-mixed"}, {"params.hidden": 32}):
+        not_theirs = [Probed({**none, **other}, 8, 16), Probed({**none, **other, "activation_checkpointing": "selective"}, 16, None)]
+        assert memory_sentence(SweepOutcome(spec, "p", "u", rows[:2], 1.0, probed=not_theirs), str) == "", other
     assert memory_sentence(SweepOutcome(spec, "p", "u", rows[:2], 1.0, probed=[Probed(none, 16, 32)]), str) == ""
     # read back from the parent run's tag, as `sweeps report` does
     assert probed_from(probed_tag(probed)) == probed and probed_from({}) == []
