@@ -36,7 +36,7 @@ from sweeps.service.callback import SweepCallback, live
 from sweeps.service.failures import failure_of
 from sweeps.service.progress import TERMINAL, Costs, TrialCost, conditions, overhead_line, planned_cost, progress_line
 from sweeps.service.resources import concurrency_note
-from sweeps.service.saved_state import SweepState, experiment_dir, resume_command, storage
+from sweeps.service.saved_state import SweepState, analysis_quiet, experiment_dir, resume_command, storage
 from sweeps.service.trial import HALT_KEY
 from sweeps.service.tuning import RayTune, interrupt_tune
 from sweeps.spec import SweepSpec
@@ -141,7 +141,8 @@ class SweepController:
             tags = self.tune.probe(self.search, self.echo)  # before the search
             if tags is not None:
                 self.probe_tags, self.probe_s = tags, self.clock.monotonic() - probe_t0
-            tuner.fit()
+            with analysis_quiet():  # Tune's analysis at the end looks for result files a URI does not get
+                tuner.fit()
             ok = True
         except KeyboardInterrupt:  # a second signal: stop at once (the trials' state is kept, no figures drawn)
             hurried = True

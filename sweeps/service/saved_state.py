@@ -291,14 +291,24 @@ def tune_statuses(exp_dir: str) -> list[str] | None:
     PENDING, RUNNING, PAUSED, TERMINATED or ERROR, read through Tune's public `ExperimentAnalysis`."""
     from ray.tune import ExperimentAnalysis
 
-    # it warns about each trial that has no result files (one that failed at once): not news here
+    with analysis_quiet():
+        try:
+            return [str(t.status) for t in ExperimentAnalysis(exp_dir).trials]
+        except ValueError:  # "No experiment snapshot file ... was found"
+            return None
+
+
+@contextlib.contextmanager
+def analysis_quiet() -> Iterator[None]:
+    """Keep Tune's `ExperimentAnalysis` from warning about trials without result files, while inside.
+
+    A trial that failed at once has none, and on a URI no trial has them (`RayTune.tuner`): Tune's analysis at the
+    end of every fit would warn "Failed to fetch metrics for N trial(s)", which is not news to the user."""
     quiet = logging.getLogger("ray.tune.analysis.experiment_analysis")
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
-        return [str(t.status) for t in ExperimentAnalysis(exp_dir).trials]
-    except ValueError:  # "No experiment snapshot file ... was found"
-        return None
+        yield
     finally:
         quiet.setLevel(level)
 

@@ -74,8 +74,8 @@ class RayTune:
                            # progress reports carry throughput but not validation loss, which only the final report
                            # has: Tune would otherwise refuse the first report of a sweep whose objective is loss/val
                            ("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1"),
-                           # Tune's own result files: CSV and JSON (its ResultGrid reads them), not TensorBoard's
-                           # (MLflow is the record; importing tensorboardX cost the first trial's result ~1 s here)
+                           # not TensorBoard's result files (MLflow is the record; importing tensorboardX cost the
+                           # first trial's result ~1 s here); CSV and JSON only on a local storage path (`tuner`)
                            ("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")):
             os.environ.setdefault(key, value)
         # Every rank works here, as under torchrun: the user's relative paths resolve as they do for them
@@ -116,7 +116,7 @@ class RayTune:
         storage_path, filesystem = self.storage.ray_storage()
         # Tune's result files in each trial's folder (CSV and JSON, which its ResultGrid reads; MLflow is the
         # sweep's record) stay where the storage is a local folder. On a URI, Tune uploads its whole experiment
-        # folder at every state save (every _STATE_PERIOD_S): these files were 4 of every 5 requests the demo made
+        # folder at every state save (every _STATE_PERIOD_S): these files were 2 of every 3 requests the demo made
         # to its object store (benchmarks/storage_cost.py), so they are not written there.
         files = [CSVLoggerCallback(), JsonLoggerCallback()] if self.storage.is_local else []
         return tune.Tuner(
