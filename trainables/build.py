@@ -37,7 +37,7 @@ from trainables.memory_model import (
 from trainables.noise_scale import CommTimer, HookState, NoiseScale, ddp_hook
 from trainables.peak_flops import cluster_peak
 from trainables.precision import Precision, resolve_precision
-from trainables.sharding import Blocks, Wrapping, find_blocks, shard
+from trainables.sharding import Blocks, Wrapping, find_blocks, offloads, shard
 from trainables.telemetry import Telemetry
 from trainables.window import world
 from trainables.workloads.base import BuildContext, Workload, prepared
@@ -261,12 +261,12 @@ def flops_metrics(final: dict[str, Any], wl: Workload, peak: float | None, per_i
 def make_optimizer(wl: Workload, model: nn.Module, cfg: TrialConfig, device: torch.device) -> torch.optim.Optimizer:
     if wl.optimizer_fn is None:
         # fused AdamW runs on the device; an offloaded shard steps on the CPU
-        return torch.optim.AdamW(model.parameters(), lr=cfg.lr, fused=device.type == "cuda" and not cfg.cpu_offload)
+        return torch.optim.AdamW(model.parameters(), lr=cfg.lr, fused=device.type == "cuda" and not offloads(cfg.cpu_offload, device))
     optimizer = wl.optimizer_fn(model, cfg.lr)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise WorkloadError(f"optimizer_fn returned {type(optimizer).__name__}, not a torch.optim.Optimizer: build "
                             "one over model's parameters with the lr it is given")
-    if cfg.cpu_offload and device.type == "cuda" and any(g.get("fused") for g in optimizer.param_groups):
+    if offloads(cfg.cpu_offload, device) and any(g.get("fused") for g in optimizer.param_groups):
         # before the first step, which would fail on the offloaded shards with a CUDA kernel's error
         raise WorkloadError(f"optimizer_fn built a fused {type(optimizer).__name__}, which steps on the GPU, and "
                             "cpu_offload true keeps the shards and optimizer state in host memory: build it "
@@ -274,11 +274,13 @@ def make_optimizer(wl: Workload, model: nn.Module, cfg: TrialConfig, device: tor
     return optimizer
 
 
-def compile_cache_counts() -> tuple[int, int]:
-    """Return this process's FX graph cache (hits, misses) so far.
+def compile_cache_counts() -> tuple[int, int, int]:
+    """Return this process's compile counts so far: (dynamo's graphs, cache hits, inductor's compiled graphs).
 
-    They are `torch.compile`'s inductor counters, which grow over the trials a warm rank runs (a trial takes the
-    difference)."""
+    They are `torch.compile`'s counters, which grow over the trials a warm rank runs (a trial takes the
+    difference); compiled is the cache's misses and bypasses."""
     from torch._dynamo.utils import counters
 
-    return counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
+    inductor = counters["inductor"]
+    return (counters["stats"]["unique_graphs"], inductor["fxgraph_cache_hit"],
+            inductor["fxgraph_cache_miss"] + inductor["fxgraph_cache_bypass"])

@@ -365,9 +365,9 @@ class _Run:
             final[contract.WARMUP_STEPS_S] = win.warm_steps_s
         if t.rank == 0:
             if self.cache0 is not None:
-                hits, misses = compile_cache_counts()
-                final[contract.COMPILE_CACHE_HITS] = hits - self.cache0[0]
-                final[contract.COMPILE_CACHE_MISSES] = misses - self.cache0[1]
+                now = compile_cache_counts()
+                final.update({key: now[i] - self.cache0[i] for i, key in enumerate(
+                    (contract.COMPILE_GRAPHS, contract.COMPILE_CACHE_HITS, contract.COMPILE_CACHE_MISSES))})
             final.update(device_facts(device) | t.facts.tags)
             if t.inst.telemetry is not None:
                 final.update(t.inst.telemetry.facts)

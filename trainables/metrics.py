@@ -126,13 +126,17 @@ WARMUP_S = _declare(Metric(
 WARMUP_STEPS_S = _declare(Metric(
     "time/warmup_steps_s", "s", "of that, the timed warm-up steps (from step 1; max over ranks): what "
     "`max_warmup_s` bounds", "under 2 warm-up steps", final_only=True))
+COMPILE_GRAPHS = _declare(Metric(
+    "compile/graphs_captured", "graphs", "graphs `torch.compile`'s dynamo captured during the trial, on rank 0. 0: the "
+    "trial ran code an earlier trial of its warm process compiled, and its `time/warmup_s` holds no compilation",
+    "compile off", final_only=True))
 COMPILE_CACHE_HITS = _declare(Metric(
-    "compile/graphs_cached", "graphs", "graphs `torch.compile` took from its FX graph cache instead of compiling "
-    "them, on rank 0 during the trial", "compile off", final_only=True))
+    "compile/graphs_cached", "graphs", "of the graphs inductor was asked for, those it took from its FX graph cache "
+    "instead of compiling, on rank 0 during the trial", "compile off", final_only=True))
 COMPILE_CACHE_MISSES = _declare(Metric(
-    "compile/graphs_compiled", "graphs", "graphs `torch.compile` compiled anew (its FX graph cache's misses), on rank 0 "
-    "during the trial. 0 with none cached either: the trial ran code an earlier trial of its warm process compiled, "
-    "and its `time/warmup_s` holds no compilation", "compile off", final_only=True))
+    "compile/graphs_compiled", "graphs", "of the graphs inductor was asked for, those it compiled (the FX graph "
+    "cache's misses and bypasses), on rank 0 during the trial; with the cache off (TORCHINDUCTOR_FX_GRAPH_CACHE=0) "
+    "inductor counts none", "compile off", final_only=True))
 BUILD_S = _declare(Metric(
     "time/build_s", "s", "the trial's build (workload and its data, model to the device, FLOP count, DDP, "
     "optimizer), max over ranks", final_only=True))

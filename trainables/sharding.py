@@ -127,7 +127,7 @@ class Layout:
 
     sharded: bool
     tags: dict[str, str]
-    shard_over: int  # the ranks each parameter is split over: the world, or one node's ranks under hsdp
+    shard_over: int  # the ranks each parameter is split over: the world, one node's ranks under hsdp (DDP: the world, unused)
 
 
 @dataclass(frozen=True)
@@ -144,6 +144,11 @@ class Wrapping:
     def of(cls, strategy: str, ac: str, compile_model: bool, precision: str, offload: bool = False) -> Wrapping:
         """A trial's wrapping from its knobs: compile goes per block where the model is sharded."""
         return cls(strategy, ac, compile_model and strategy in SHARDED, precision, offload)
+
+
+def offloads(asked: bool, device: torch.device) -> bool:
+    """Whether `cpu_offload` moves anything to host memory: asked for, on CUDA (a CPU's model is there already)."""
+    return asked and device.type == "cuda"
 
 
 def node_layout(world_size: int) -> tuple[int, int]:
@@ -196,7 +201,7 @@ def shard(model: nn.Module, blocks: Blocks, wrapping: Wrapping, device: torch.de
         init_device_mesh(device.type, (nodes, per_node), mesh_dim_names=("replicate", "shard"))
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if precision == "bf16-mixed" else MixedPrecisionPolicy()
-    offload = wrapping.offload and device.type == "cuda"
+    offload = offloads(wrapping.offload, device)
     policy = CPUOffloadPolicy() if offload else OffloadPolicy()
     reshard = strategy != "fsdp_no_reshard"
     for block in blocks.container or []:

@@ -7,14 +7,15 @@ in optimizer steps: "Compile: trial 5 spent 41 s more before its measured window
 takes 12.0 ms less per step (88.0 vs 100.0 ms): it pays for itself after 3,417 steps (41 s / 12.0 ms)". A compiled
 trial that is no faster per step never pays back, and is said so. The pair is the best trial and its compile
 twin, else the fastest compiled trial and its eager twin. A compiled trial that compiled no graph itself
-(`compile/graphs_compiled` 0: a warm rank ran code an earlier trial compiled, or the graphs came from the cache)
+(`compile/graphs_captured` 0: a warm rank ran code an earlier trial compiled; or inductor compiled none and took
+them from its cache)
 has little or no compilation in its seconds, and the sentence says so: a first compile costs more.
 """
 
 from __future__ import annotations
 
 from sweeps.results.outcome import SweepOutcome, TrialRow, number, same, twins
-from trainables.contract import COMPILE_CACHE_HITS, COMPILE_CACHE_MISSES, STEP_TIME_MS, WARMUP_S
+from trainables.contract import COMPILE_CACHE_HITS, COMPILE_CACHE_MISSES, COMPILE_GRAPHS, STEP_TIME_MS, WARMUP_S
 
 
 def _on(t: TrialRow) -> bool:
@@ -33,10 +34,14 @@ def _pair(outcome: SweepOutcome) -> tuple[TrialRow, TrialRow] | None:
 
 def _none_compiled(on: TrialRow) -> str:
     """Where the compiled trial compiled no graph: why, and that its seconds understate a first compile."""
-    compiled, cached = number(on.metrics.get(COMPILE_CACHE_MISSES)), number(on.metrics.get(COMPILE_CACHE_HITS))
-    if compiled is None or compiled > 0:
+    captured, cached, compiled = (number(on.metrics.get(k)) for k in (COMPILE_GRAPHS, COMPILE_CACHE_HITS,
+                                                                      COMPILE_CACHE_MISSES))
+    if captured == 0:  # dynamo ran code it had compiled for an earlier trial's model
+        how = "ran code an earlier trial of its warm process compiled"
+    elif compiled == 0 and cached:  # inductor compiled nothing and found graphs (the cache off counts neither)
+        how = "took its graphs from the compile cache"
+    else:
         return ""
-    how = "took its graphs from the compile cache" if cached else "ran code an earlier trial of its warm process compiled"
     return f"; trial {on.number} compiled no graph: it {how}, so a first compile adds more than this"
 
 

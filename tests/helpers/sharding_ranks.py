@@ -52,7 +52,7 @@ def _sharded_grads(base: torch.nn.Module, ac: str, x: torch.Tensor, y: torch.Ten
     model = copy.deepcopy(base)
     layout = shard(model, find_blocks(model), Wrapping(strategy, ac, False, "32"), CPU, world)
     # what the memory prediction divides the model states by (the build hands it on)
-    assert layout.shard_over == int(os.environ.get("LOCAL_WORLD_SIZE", world)), (strategy, layout)
+    assert layout.shard_over == (int(os.environ["LOCAL_WORLD_SIZE"]) if strategy == "hsdp" else world), (strategy, layout)
     if force_sum:
         # the #162338 trap, injected: reduce-scatter sums and nothing divides (gloo has no PREMUL_SUM)
         model.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]

@@ -42,13 +42,16 @@ def test_compile_says_its_seconds_and_the_step_it_pays_back_at() -> None:
 
 def test_a_compiled_trial_that_compiled_no_graph_is_said_to_understate_a_first_compile() -> None:
     rows = [_row(1, False, 16, 1000.0, 100.0, 5.0), _row(2, True, 16, 1130.0, 88.0, 6.0)]
-    warm = {contract.COMPILE_CACHE_MISSES: 0, contract.COMPILE_CACHE_HITS: 0}  # a warm rank's second compiled trial
+    warm = {contract.COMPILE_GRAPHS: 0, contract.COMPILE_CACHE_MISSES: 0, contract.COMPILE_CACHE_HITS: 0}  # a warm
+    # rank's second compiled trial: dynamo captured nothing
     rows[1].metrics |= warm
     said = payback_sentence(SweepOutcome(parse_spec(SPEC), "p", "u", rows, 1.0))
     assert said.startswith("Compile: trial 2 spent 1 s more before its measured window than trial 1 (compile off; "
                            "trial 2 compiled no graph: it ran code an earlier trial of its warm process compiled, so a "
                            "first compile adds more than this) and takes 12.0 ms less per step"), said
-    rows[1].metrics |= {contract.COMPILE_CACHE_HITS: 3}
+    rows[1].metrics |= {contract.COMPILE_GRAPHS: 2, contract.COMPILE_CACHE_HITS: 4}  # captured, all from the cache
     assert "it took its graphs from the compile cache, so" in payback_sentence(SweepOutcome(parse_spec(SPEC), "p", "u", rows, 1.0))
+    rows[1].metrics |= {contract.COMPILE_CACHE_HITS: 0}  # the cache off: inductor counts nothing, yet it compiled
+    assert "(compile off) and takes" in payback_sentence(SweepOutcome(parse_spec(SPEC), "p", "u", rows, 1.0))
     rows[1].metrics |= {contract.COMPILE_CACHE_MISSES: 4}  # it compiled: its seconds hold that
     assert "(compile off) and takes" in payback_sentence(SweepOutcome(parse_spec(SPEC), "p", "u", rows, 1.0))
