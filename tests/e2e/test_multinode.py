@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.ray
 
 
+@pytest.mark.timeout(780)  # the scenario's own limit (720 s) first: pyproject's 600 s would kill it without its nodes
 def test_trials_spread_over_nodes_and_survive_a_node_loss_on_warm_groups_and_cold(tmp_path: Path) -> None:
     # Ray's test Cluster writes the head's address to $RAY_TMPDIR/ray/ray_current_cluster (default
     # /tmp/ray, which a fresh machine does not have): give it a folder of its own, short for sockets.
