@@ -63,7 +63,8 @@ TRIAL_METRICS = ("throughput/samples_per_s", "throughput/tokens_per_s", "through
                  "time/warmup_s", "time/warmup_steps_s", "time/build_s", "time/data_prep_s", "time/loop_total_s",
                  "progress/steps", "perf/tflops_per_s", "perf/mfu_pct", "perf/sol_pct", "memory/max_reserved_gib",
                  "gpu/sm_active_mean_pct", "gpu/tensor_active_mean_pct", "memory/predicted_gib",
-                 "memory/max_allocated_gib", "memory/alloc_retries", "perf/hfu_pct", "perf/hardware_tflops_per_s")
+                 "memory/max_allocated_gib", "memory/alloc_retries", "perf/hfu_pct", "perf/hardware_tflops_per_s",
+                 "cost/usd_per_hour", "cost/usd_per_1m_tokens", "cost/trial_usd")
 KNOBS = ("precision", "batch_size", "compile", "activation_checkpointing", "grad_accum_steps")
 PREDICTED, MEASURED = "memory/predicted_gib", "memory/max_allocated_gib"
 WITHIN_PCT = 10.0  # issue 52's goal: the prediction within 10% of the measured peak for 9 of 10 configurations
@@ -325,13 +326,37 @@ def doctor_stage(out: Path, timeout_s: float, mlflow: bool) -> StageResult:
                        if rc else "", command, rows)
 
 
-def write_spec(src: Path, out: Path, data_dir: str) -> Path:
-    """The stage's spec with its store, Ray storage and data under `out` (and `data_dir`)."""
+def parse_sets(sets: list[str]) -> dict[str, dict[str, Any]]:
+    """`--set STAGE:DOTTED.KEY=YAML` options as stage -> {dotted key: value}; a bad one raises `ValueError`."""
+    import yaml
+
+    out: dict[str, dict[str, Any]] = {}
+    for item in sets:
+        stage, _, rest = item.partition(":")
+        key, eq, value = rest.partition("=")
+        if stage not in SWEEPS or not key or not eq:
+            raise ValueError(f"--set {item!r}: give STAGE:KEY=VALUE with STAGE one of {', '.join(SWEEPS)}, "
+                             "e.g. memory:space.compile=false")
+        out.setdefault(stage, {})[key] = yaml.safe_load(value)
+    return out
+
+
+def write_spec(src: Path, out: Path, data_dir: str, sets: dict[str, Any] | None = None) -> Path:
+    """The stage's spec with its store, Ray storage and data under `out` (and `data_dir`), a relative price file
+    read from the repo, and `sets` (dotted key -> value, from `--set`) put in."""
     import yaml
 
     raw = yaml.safe_load(src.read_text())
     raw["tracking"] = {**raw.get("tracking", {}), "uri": tracking_uri(out)}
     raw["storage_path"], raw["data_dir"] = str(out / "ray_results"), data_dir
+    for key, value in (sets or {}).items():
+        *parents, last = key.split(".")
+        node = raw
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    if isinstance(raw.get("cost"), dict) and raw["cost"].get("price_file"):
+        raw["cost"]["price_file"] = str(REPO / raw["cost"]["price_file"])
     dst = out / "specs" / src.name
     dst.parent.mkdir(parents=True, exist_ok=True)
     dst.write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -353,20 +378,23 @@ def read_sweep(uri: str, name: str) -> tuple[dict[str, Any], list[dict[str, Any]
 
     client = MlflowClient(tracking_uri=uri)
     outcome = load_outcome(client, name)
-    tags = client.get_run(outcome.parent_run_id).data.tags
+    parent = client.get_run(outcome.parent_run_id).data
+    tags = parent.tags
     summary = {"sweep": name, "parent_run_id": outcome.parent_run_id, "tracking_uri": uri,
                "trials_ok": len(outcome.ranked()), "trials_total": len(outcome.trials), "wall_s": outcome.elapsed_s}
+    summary |= {k: v for k, v in parent.metrics.items() if k == "cost/sweep_usd"}
     probe = {k.removeprefix("sweep.probe."): v for k, v in tags.items() if k.startswith("sweep.probe.")}
     return summary, [trial_record(t) for t in outcome.trials], probe
 
 
-def sweep_stage(stage: str, out: Path, data_dir: str, timeout_s: float) -> StageResult:
+def sweep_stage(stage: str, out: Path, data_dir: str, timeout_s: float, sets: dict[str, Any]) -> StageResult:
     import yaml
 
-    spec = write_spec(SPECS / f"{stage}.yaml", out, data_dir)
+    spec = write_spec(SPECS / f"{stage}.yaml", out, data_dir, sets)
     name = yaml.safe_load(spec.read_text())["name"]
     rc = _run([sys.executable, "-m", "sweeps", "run", "--restart", str(spec)], out / f"{stage}.log", timeout_s)
-    command = f"python -m sweeps run --restart benchmarks/gpu/{stage}.yaml (tracking, storage and data under --out)"
+    command = f"python -m sweeps run --restart benchmarks/gpu/{stage}.yaml (tracking, storage and data under --out)" + \
+        "".join(f"; {k}={json.dumps(v)}" for k, v in sets.items())
     try:
         summary, trials, probe = read_sweep(tracking_uri(out), name)
     except ValueError as exc:
@@ -472,7 +500,7 @@ def run_stages(args: argparse.Namespace) -> list[StageResult]:
         elif stage == "trace":
             r = trace_stage(out, args.data_dir, args.usd_per_hour, args.stage_timeout_s)
         else:
-            r = sweep_stage(stage, out, args.data_dir, args.stage_timeout_s)
+            r = sweep_stage(stage, out, args.data_dir, args.stage_timeout_s, args.sets.get(stage, {}))
         r.wall_s = time.monotonic() - t0
         if not args.no_record:
             info = info or {**machine(), "gpu_count": torch.cuda.device_count()}
@@ -535,6 +563,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--usd-per-hour", type=float, default=3.0,
                     help="the trace stage's price per hour: any positive one checks that cost/* is reported")
     ap.add_argument("--stage-timeout-s", type=float, default=900.0, help="per command")
+    ap.add_argument("--set", action="append", default=[], dest="set_items", metavar="STAGE:KEY=VALUE",
+                    help="change a sweep stage's spec, e.g. memory:space.compile=false (VALUE is YAML); repeatable")
     ap.add_argument("--results", default=str(RESULTS), help="the results.jsonl to append to")
     ap.add_argument("--no-record", action="store_true", help="append nothing")
     ap.add_argument("--record-from", default=None, help="record an earlier run's output folder instead of running")
@@ -543,6 +573,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(args.stages.split(",")) - set(STAGES))
     if unknown:
         ap.error(f"unknown stage(s) {', '.join(unknown)}: use {', '.join(STAGES)}")
+    try:
+        args.sets = parse_sets(args.set_items)
+    except ValueError as exc:
+        ap.error(str(exc))
     if args.record_from:
         results = record_from(Path(args.record_from), Path(args.results), args.origin, not args.no_record)
     else:

@@ -6,6 +6,7 @@
 # scipy, scikit-learn, matplotlib, pillow), ray/jars, ray/rllib, ray/serve, ray/llm and mlflow/server/js;
 # `tar cJf`). How benchmarks/gpu/h200-2026-11-26 was produced (then with OUT set by the machine's runner).
 # Usage, from the repo root: GIT_SHA=<commit> bash benchmarks/gpu/acceptance_bundled.sh STAGES ROUNDS PARITY_STEPS LIMIT_S
+# [more gpu_acceptance.py options, e.g. --set memory:space.compile=false --stage-timeout-s 240]
 # Writes OUT (default /tmp/acceptance-out): results.jsonl (the repo's, with this run's entries appended) and acc.tgz.
 set -u
 OUT=${OUT:-/tmp/acceptance-out}
@@ -20,7 +21,7 @@ nproc; free -g | head -2
 python3 -c "import torch,ray,mlflow,optuna,pynvml,pydantic;print('torch',torch.__version__,'ray',ray.__version__,'mlflow',mlflow.__version__,'optuna',optuna.__version__,torch.cuda.get_device_name())" || exit 8
 mkdir -p /tmp/acc
 timeout "$4" python3 benchmarks/gpu_acceptance.py --out /tmp/acc --stages "$1" --rounds "$2" --parity-steps "$3" \
-  --stage-timeout-s 300 2>&1 | tee /tmp/acc/acceptance.log
+  --stage-timeout-s 300 "${@:5}" 2>&1 | tee /tmp/acc/acceptance.log
 echo "acceptance rc=${PIPESTATUS[0]} at +$(( $(date +%s) - T0 )) s"
 cp benchmarks/results.jsonl "$OUT/results.jsonl"
 tar czf "$OUT/acc.tgz" -C /tmp/acc --exclude ./ray_results --exclude './parity-*/*.pt' . 2>/dev/null

@@ -254,3 +254,16 @@ def test_the_memory_stage_says_its_prediction_error_and_the_best_against_both_ba
     cell = ga.key_figures(ga.StageResult("memory", "ok", "", "", rows))
     assert "prediction within 10% for 4 of 5" in cell and "best vs naive default" in cell and "1.62x (trial 5 vs 4)" in cell
     assert ga.sweep_rows({"sweep": "x"}, trials, {}, "gpt")[-1].get("speedup", "").startswith("compile")  # not derived
+
+
+def test_set_changes_a_stages_spec_and_a_bad_one_names_the_form(tmp_path: Path) -> None:
+    from sweeps.spec import load_spec
+
+    sets = ga.parse_sets(["memory:space.compile=false", "memory:budget.num_trials=6",
+                          "memory:cost.price_file=examples/prices.csv", "memory:scaling.accelerator_type=H100"])
+    spec, _ = load_spec(ga.write_spec(ga.SPECS / "memory.yaml", tmp_path, str(tmp_path / "data"), sets["memory"]))
+    assert spec.space.compile.value is False and spec.budget.num_trials == 6
+    assert spec.cost is not None and "H100" in spec.cost.prices  # the repo's price file, read from any directory
+    for bad in ("memory:space.compile", "nope:a=1", "memory:=1"):
+        with pytest.raises(ValueError, match="STAGE:KEY=VALUE"):
+            ga.parse_sets([bad])
