@@ -176,22 +176,28 @@ def build(cfg: TrialConfig, device: torch.device) -> Built:
 
 def sample_activations(wl: Workload, model: nn.Module, blocks: Blocks, step: Callable[[nn.Module, Any], Any],
                        prec: Precision, count: CountFn) -> Activations | None:
-    """Measure what one validation sample's forward keeps for backward, per activation-checkpointing mode.
+    """Measure what the forward keeps for backward, per activation-checkpointing mode, per sample and per forward.
 
+    From the forwards of one validation sample and of two (`Activations.fit`; one alone where the set has one).
     None where it cannot (a warning says why). The bare model, before sharding; its buffers and the RNG streams
     are left as they were."""
-    loader = DataLoader(wl.val_dataset, batch_size=1, collate_fn=wl.collate_fn)
-    sample = next(iter(loader), None)
-    if sample is None:
+    batches = [next(iter(DataLoader(wl.val_dataset, batch_size=n, collate_fn=wl.collate_fn)), None) for n in (1, 2)]
+    if batches[0] is None:
         return None
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     try:
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            batch = move_to_device(sample, device)
-            measured = measure_activations(model, blocks, lambda m: loss_of(step(m, batch), training=True),
-                                           prec.autocast())
-            return dataclasses.replace(measured, items=checked_count(count, batch))
+        items = [checked_count(count, b) if b is not None else 0 for b in batches]
+        if items[1] != 2 * items[0]:  # a set of one sample: its forward only, all of it as if per sample
+            batches = batches[:1]
+        measured = []
+        for batch in batches:
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+                on_device = move_to_device(batch, device)
+                one = measure_activations(model, blocks, lambda m: loss_of(step(m, on_device), training=True),  # noqa: B023
+                                          prec.autocast())
+            measured.append(one)
+        return dataclasses.replace(Activations.fit(*measured) if len(measured) == 2 else measured[0], items=items[0])
     except Exception as exc:  # noqa: BLE001 - a forward the measurement cannot run only loses the prediction
         logger.warning("activation memory not measured (%s: %s): memory/predicted_gib will be absent",
                        type(exc).__name__, exc)
@@ -211,7 +217,7 @@ def predict(counts: ParamCounts, activations: Activations | None, optimizer: tor
     if activations is None or optimizer_bytes is None:
         return None
     states = model_states(counts, over, cfg.strategy, compute_bytes, optimizer_bytes, cfg.cpu_offload and cfg.use_gpu)
-    return Prediction(states, activations.of(cfg.activation_checkpointing) * cfg.batch_size)
+    return Prediction(states, activations.of(cfg.activation_checkpointing, cfg.batch_size))
 
 
 def gpu_layout(device: torch.device, precision: str, world: int) -> tuple[float | None, dict[str, str]]:

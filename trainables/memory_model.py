@@ -33,27 +33,52 @@ from trainables.knobs import SHARDED
 from trainables.sharding import Blocks, keeps
 
 GIB = 1024**3
+MODES = ("none", "selective", "full")
 
 
 @dataclass(frozen=True)
 class Activations:
-    """Bytes one sample's forward keeps for backward, by activation-checkpointing mode."""
+    """Bytes the forward keeps for backward, by activation-checkpointing mode: per sample, and what does not grow
+    with the micro-batch (autocast's 16-bit copies of the weights: one per forward, whatever its batch)."""
 
-    none: int
+    none: int  # per sample
     selective: int
     full: int
     # the sample's forward FLOPs each mode runs again in backward (none: 0)
     recomputed_selective_flops: float = 0.0
     recomputed_full_flops: float = 0.0
     items: int = 1  # the sample's items in the workload's unit (tokens, samples): FLOPs per item divide by it
+    fixed_none: int = 0  # per forward, whatever its batch
+    fixed_selective: int = 0
+    fixed_full: int = 0
+    # per sample: the gradient of the largest tensor the forward saved (the loss's input, mostly), which backward
+    # makes first, while every saved tensor is still alive
+    first_grad: int = 0
+    sizes: frozenset[int] = frozenset()  # of one forward: the sizes of the storages it saved (what `fit` matches)
 
-    def of(self, mode: str) -> int:
-        """The bytes under `mode` (`none`, `selective` or `full`)."""
-        return int(getattr(self, mode))
+    def of(self, mode: str, batch: int = 1) -> int:
+        """The bytes under `mode` (`none`, `selective` or `full`) for a micro-batch of `batch` samples, at the
+        start of backward (the saved tensors and the first gradient)."""
+        return int(getattr(self, f"fixed_{mode}")) + batch * (int(getattr(self, mode)) + self.first_grad)
 
     def recomputed_flops(self, mode: str) -> float:
         """The forward FLOPs `mode` recomputes in backward, per item (0 for `none`)."""
         return 0.0 if mode == "none" else float(getattr(self, f"recomputed_{mode}_flops")) / max(self.items, 1)
+
+    @classmethod
+    def fit(cls, one: Activations, two: Activations) -> Activations:
+        """Split two measured forwards, of one sample and of two, into bytes per sample and bytes per forward."""
+        per = {m: max(getattr(two, m) - getattr(one, m), 0) for m in MODES}
+        return cls(**per, recomputed_selective_flops=one.recomputed_selective_flops,
+                   recomputed_full_flops=one.recomputed_full_flops, items=one.items,
+                   **{f"fixed_{m}": max(getattr(one, m) - per[m], 0) for m in MODES},
+                   first_grad=cls._largest_per_sample(one, two))
+
+    @staticmethod
+    def _largest_per_sample(one: Activations, two: Activations) -> int:
+        """The largest saved tensor that doubled from one sample to two, per sample (a weight's copy stays)."""
+        doubled = [s // 2 for s in two.sizes if s % 2 == 0 and s // 2 in one.sizes]
+        return max(doubled, default=max(two.first_grad - one.first_grad, 0))
 
 
 @dataclass(frozen=True)
@@ -151,7 +176,10 @@ class _KeptOutputs(TorchDispatchMode):
 
 def measure_activations(model: nn.Module, blocks: Blocks, forward: Callable[[nn.Module], torch.Tensor],
                         autocast: Any = None) -> Activations:
-    """Run `forward(model)` once (one sample) and return what it keeps for backward under each AC mode.
+    """Run `forward(model)` once and return what it keeps for backward under each AC mode.
+
+    All of it as if per sample, for a forward of one: `Activations.fit` splits the forwards of one sample and of
+    two into what grows with the batch and what does not.
 
     Parameters and buffers are not activations (their storages are left out); a storage saved twice counts once.
     The model is left as it was (its gradients untouched: no backward runs), and nothing saved outlives it."""
@@ -162,12 +190,14 @@ def measure_activations(model: nn.Module, blocks: Blocks, forward: Callable[[nn.
     kept = _KeptOutputs()
 
     held: list[torch.Tensor] = []  # every saved tensor, alive until the forward ends: no storage is reused
+    sizes: set[int] = set()
 
     def pack(t: torch.Tensor) -> None:
         ptr = t.untyped_storage().data_ptr()
         if ptr not in owned and ptr not in seen:
             seen.add(ptr)
             saved[kept.block] += t.untyped_storage().nbytes()
+            sizes.add(t.untyped_storage().nbytes())
         held.append(t)
         # Not the tensor itself: no backward runs, and a hook that returns a saved output closes a reference cycle
         # (output -> its grad_fn -> the output) that outlived the measurement, activations and all
@@ -203,7 +233,7 @@ def measure_activations(model: nn.Module, blocks: Blocks, forward: Callable[[nn.
             h.remove()
     outside = saved[None]
     if not calls:  # no blocks: checkpointing has nothing to wrap (refused), all is "outside"
-        return Activations(outside, outside, outside)
+        return Activations(outside, outside, outside, first_grad=max(sizes, default=0), sizes=frozenset(sizes))
     inside = sum(saved[b] for b in calls)
     # the backward recomputes one block at a time: its activations (the policy's recomputed ones) live at once
     recomputed_full = max(saved[b] for b in calls)
@@ -212,4 +242,5 @@ def measure_activations(model: nn.Module, blocks: Blocks, forward: Callable[[nn.
     return Activations(none=none, selective=min(outside + inputs + sum(kept.kept.values()) + recomputed_selective, none),
                        full=min(outside + inputs + recomputed_full, none),
                        recomputed_selective_flops=sum(kept.unkept_flops.values()),
-                       recomputed_full_flops=sum(kept.flops.values()))
+                       recomputed_full_flops=sum(kept.flops.values()), first_grad=max(sizes, default=0),
+                       sizes=frozenset(sizes))

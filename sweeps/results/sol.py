@@ -282,8 +282,31 @@ def quick_cache_key(key: str) -> str:
     return f"{key} | torch {torch_version} | {kernel_env() or NO_KERNEL_ENV}"
 
 
+_QUICK_CHILD = ("import json, os\nfrom sweeps.results.sol import quick_figures\n"
+                "print(json.dumps({'pid': os.getpid(), 'figures': quick_figures()}))")
+
+
+def measured_apart() -> dict[str, float]:
+    """Run `quick_figures()` in a process of its own and return what it measured.
+
+    A sweep's driver that measured on its GPU itself would hold a CUDA context there for the whole sweep:
+    memory the trials lose, and a process NVML lists beside each of them, so every trial read as contended
+    (`contention/gpu_other_procs` 1; seen on an H100, 2026-11-28). The child's context ends with it."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _QUICK_CHILD], capture_output=True, text=True, timeout=300,
+                          check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the quick figures' process exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
+    said = json.loads(proc.stdout.strip().splitlines()[-1])
+    logger.debug("quick figures measured in process %s", said["pid"])
+    return {k: float(v) for k, v in said["figures"].items()}
+
+
 def cached_quick_figures(key: str) -> dict[str, float]:
-    """Return `quick_figures()` for this machine, kept for a week in the user's cache.
+    """Return the quick figures (`quick_figures`, `measured_apart`) for this machine, kept for a week in the user's cache.
 
     The cache is $XDG_CACHE_HOME/gpu-sweeps, else ~/.cache/gpu-sweeps, so each sweep does not pay the 3-5 s
     again; one file per `quick_cache_key` (figures measured under `ONEDNN_MAX_CPU_ISA=AVX2` never stand in
@@ -303,7 +326,7 @@ def cached_quick_figures(key: str) -> dict[str, float]:
                 return {k: float(v) for k, v in cached["figures"].items()}
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    figures = quick_figures()
+    figures = measured_apart()
     try:
         root.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")

@@ -82,7 +82,7 @@ def test_a_sweep_scores_trials_against_this_machines_figures(tmp_path, monkeypat
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     calls = []
-    monkeypatch.setattr(sol, "quick_figures", lambda: calls.append(1) or {"matmul/fp32_tflops_per_s_per_core": 0.1})
+    monkeypatch.setattr(sol, "measured_apart", lambda: calls.append(1) or {"matmul/fp32_tflops_per_s_per_core": 0.1})
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     first = sol.SpeedOfLight.for_sweep(uri)
     again = sol.SpeedOfLight.for_sweep(uri)  # cached: measured once

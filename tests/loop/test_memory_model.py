@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from trainables.memory_model import (
+    Activations,
     ParamCounts,
     measure_activations,
     model_states,
@@ -71,6 +72,7 @@ def test_activations_counted_by_hand_for_each_mode() -> None:
     assert acts.full == 32 + inputs + 96  # the head's input, what each block gets, one block recomputed
     assert 32 + inputs + 2 * 64 + (96 - 64) > acts.none == acts.selective
     assert acts.full < acts.selective <= acts.none
+    assert acts.first_grad == 64  # the largest saved tensor, ReLU's output: its gradient comes with all of them
     # the same forward counts what each mode runs again in backward: a block's two matmuls are 2 x 8 x 16 FLOPs
     # each; full recomputes both in both blocks, selective the one of each block whose output it does not keep
     assert (acts.recomputed_flops("none"), acts.recomputed_flops("full"), acts.recomputed_flops("selective")) == \
@@ -107,6 +109,31 @@ def test_a_gpt_orders_the_modes_and_the_measurement_changes_nothing() -> None:
     counts = ParamCounts.of(model, find_blocks(model))
     assert counts.total == sum(p.numel() for p in model.parameters()) == counts.root + sum(counts.blocks)
     assert len(counts.blocks) == preset.n_layer
+
+
+def test_autocasts_weight_copies_are_paid_once_per_forward_not_per_sample() -> None:
+    """Under bf16 autocast each Linear saves a 16-bit copy of its weight, whatever the batch: scaling one sample's
+    forward by the micro-batch counted those copies once per sample (a GPT-2 medium at micro-batch 16 was
+    predicted 25% over the allocator's peak on an H100, 2026-11-28). The forwards of one sample and of two split
+    them out, and the fit then gives a forward of 8 samples what it saves."""
+    preset = dataclasses.replace(GPT_PRESETS["tiny"], seq_len=16)
+    torch.manual_seed(0)
+    model = GPT(preset)
+    blocks = find_blocks(model)
+    idx = torch.randint(0, preset.vocab_size, (8, preset.seq_len))
+
+    def saved(n: int) -> Activations:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return measure_activations(model, blocks, lambda m: lm_loss(m(idx[:n]), idx[:n]))
+
+    fit, eight = Activations.fit(saved(1), saved(2)), saved(8)
+    assert fit.fixed_none > 0 and fit.fixed_full > 0  # the weight copies (all in the blocks, and the head's)
+    for mode in ("none", "selective", "full"):
+        assert fit.of(mode, 8) - 8 * fit.first_grad == pytest.approx(eight.of(mode) - eight.first_grad, rel=0.01)
+    assert saved(1).of("none") * 8 > 1.1 * eight.of("none")  # the per-sample scaling it replaces
+    # the loss's fp32 log-softmax of a sample's logits is the largest saved tensor that grows with the batch (the
+    # head's 16-bit weight copy is as large as two samples' here, and stays): its gradient, per sample
+    assert fit.first_grad == preset.seq_len * preset.vocab_size * 4
 
 
 def test_a_model_without_blocks_has_one_figure() -> None:

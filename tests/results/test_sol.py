@@ -6,6 +6,9 @@ only when a twin at precision 32 measured it faster. Figures as measured on the 
 
 from __future__ import annotations
 
+import logging
+import os
+
 from pathlib import Path
 
 import pytest
@@ -91,6 +94,15 @@ def test_the_doctor_records_the_flags_and_the_kernel_variables(monkeypatch: pyte
 # --- which figures stand for this process ------------------------------------------------------------
 
 
+def test_quick_figures_are_measured_in_a_process_that_ends(caplog: pytest.LogCaptureFixture) -> None:
+    """The driver never measures on its own device: on a GPU it would keep a CUDA context beside every trial."""
+    with caplog.at_level(logging.DEBUG, logger="sweeps.results.sol"):
+        figures = sol.measured_apart()
+    pids = [int(r.getMessage().rsplit(" ", 1)[1]) for r in caplog.records if "measured in process" in r.getMessage()]
+    assert pids and pids[0] != os.getpid()
+    assert figures and all(isinstance(v, float) for v in figures.values())
+
+
 def test_quick_figures_are_cached_per_kernel_setting(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     measured: list[str] = []
@@ -99,7 +111,7 @@ def test_quick_figures_are_cached_per_kernel_setting(monkeypatch: pytest.MonkeyP
         measured.append(kernel_env())
         return dict(EMULATING if "ONEDNN_MAX_CPU_ISA=AVX2" in kernel_env() else NATIVE)
 
-    monkeypatch.setattr(sol, "quick_figures", fake_quick_figures)
+    monkeypatch.setattr(sol, "measured_apart", fake_quick_figures)
     native_key = quick_cache_key("cpu:Xeon")
     assert cached_quick_figures("cpu:Xeon") == NATIVE and cached_quick_figures("cpu:Xeon") == NATIVE
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
@@ -113,7 +125,7 @@ def test_quick_figures_are_cached_per_kernel_setting(monkeypatch: pytest.MonkeyP
 def test_the_sweep_says_up_front_that_bf16_is_emulated_here(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
-    monkeypatch.setattr(sol, "quick_figures", lambda: dict(EMULATING))
+    monkeypatch.setattr(sol, "measured_apart", lambda: dict(EMULATING))
     (source,) = sol.SpeedOfLight.for_sweep(f"sqlite:///{tmp_path}/mlflow.db").sources.values()  # what the runner echoes
     assert source.endswith("; bf16 matmul at 4.2% of fp32's: emulated here, its trials are held to fp32's peak"
                            "; measured under ONEDNN_MAX_CPU_ISA=AVX2")
