@@ -2,11 +2,12 @@
 
 Model states come from the parameter count (bytes per parameter: fp32 parameters and gradients, the optimizer's
 state; DDP's gradient buckets; under FSDP2 a 1/world shard of each plus what it gathers unsharded at once: the root
-and two blocks in flight with `reshard_after_forward`, every block without it). Activations come from one measured
-forward of one sample on the bare model, under the trial's autocast (`measure_activations`): what autograd saves
-for backward outside the blocks and inside each, each block's input, and the outputs of the ops torchtitan's
-selective policy keeps (`sharding.keeps`), so one forward gives all three activation-checkpointing modes. The
-sample's bytes scale with the micro-batch. The same forward counts the FLOPs each mode recomputes in backward (full:
+and two blocks in flight with `reshard_after_forward`, every block without it). Activations come from measured
+forwards on the bare model, under the trial's autocast (`measure_activations`): what autograd saves for backward
+outside the blocks and inside each, each block's input, and the outputs of the ops torchtitan's selective policy
+keeps (`sharding.keeps`), so one forward gives all three activation-checkpointing modes. Forwards of one sample and
+of two split what grows with the micro-batch from what a forward saves once (autocast's 16-bit weight copies:
+`Activations.fit`); the first gradient backward makes, the largest saved tensor's, is added. The same forward counts the FLOPs each mode recomputes in backward (full:
 every block's forward; selective: the block ops the policy does not keep), by torch's FLOP formulas: the hardware
 FLOPs beside the model's (`perf/hfu_pct` beside `perf/mfu_pct`).
 

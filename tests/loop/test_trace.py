@@ -366,3 +366,15 @@ def test_the_warmup_box_says_where_warm_up_will_end_and_the_trace_fits_into_what
     assert "warm-up ended before the trace began" in gone[contract.TRACE_SKIPPED] and "trace/compute_pct" not in gone
     planned = traced({1: 6, 2: 6, 3: 6, 4: 6, 5: 6})  # as planned: warm-up steps 3 (the profiler's) and 4-5
     assert planned[contract.TRACE_STEPS] == "4-5" and "trace/compute_pct" in planned, planned
+
+
+def test_a_recorded_h100_trace_splits_as_its_trial_reported() -> None:
+    """A real CUDA trace (GPT-2 small, bf16, batch 8, one H100, 2026-11-28: benchmarks/gpu/h100-2026-11-28): its
+    split here is the one its trial reported there, the parts sum to 100 and one rank has no communication."""
+    folder = REPO / "benchmarks" / "gpu" / "h100-2026-11-28"
+    got = breakdown(folder / "trace-rank-0.pt.trace.json.gz")
+    reported = json.loads((folder / "trace-trial.jsonl").read_text().splitlines()[-1])
+    for part in ("compute", "data_wait", "idle", "comm_exposed", "memcpy"):
+        assert got[f"{part}_pct"] == pytest.approx(reported[f"trace/{part}_pct"], abs=1e-6)
+    assert sum(got[f"{p}_pct"] for p in ("compute", "data_wait", "comm_exposed", "idle")) == pytest.approx(100.0, abs=0.01)
+    assert got["comm_pct"] == 0.0 and 40.0 < got["compute_pct"] < 60.0

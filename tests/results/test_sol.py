@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-
 from pathlib import Path
 
 import pytest
