@@ -25,6 +25,7 @@ from trainables.batches import CountFn, checked_count, default_counter, loss_of,
 from trainables.contract import TrialConfig
 from trainables.flop_count import flops_per_item
 from trainables.instruments import Instruments
+from trainables.knobs import SHARDED
 from trainables.loop_errors import WorkloadError
 from trainables.memory_model import (
     Activations,
@@ -217,7 +218,8 @@ def predict(counts: ParamCounts, activations: Activations | None, optimizer: tor
     if activations is None or optimizer_bytes is None:
         return None
     states = model_states(counts, over, cfg.strategy, compute_bytes, optimizer_bytes, cfg.cpu_offload and cfg.use_gpu)
-    return Prediction(states, activations.of(cfg.activation_checkpointing, cfg.batch_size))
+    # sharded: FSDP2's MixedPrecisionPolicy gathers 16-bit parameters (in `states`); autocast copies nothing
+    return Prediction(states, activations.of(cfg.activation_checkpointing, cfg.batch_size, fixed=cfg.strategy not in SHARDED))
 
 
 def gpu_layout(device: torch.device, precision: str, world: int) -> tuple[float | None, dict[str, str]]:

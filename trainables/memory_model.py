@@ -57,10 +57,13 @@ class Activations:
     first_grad: int = 0
     sizes: frozenset[int] = frozenset()  # of one forward: the sizes of the storages it saved (what `fit` matches)
 
-    def of(self, mode: str, batch: int = 1) -> int:
+    def of(self, mode: str, batch: int = 1, fixed: bool = True) -> int:
         """The bytes under `mode` (`none`, `selective` or `full`) for a micro-batch of `batch` samples, at the
-        start of backward (the saved tensors and the first gradient)."""
-        return int(getattr(self, f"fixed_{mode}")) + batch * (int(getattr(self, mode)) + self.first_grad)
+        start of backward (the saved tensors and the first gradient). `fixed` False leaves out what a forward
+        saves once (a sharded model: FSDP2 gathers the 16-bit parameters, counted in its model states, instead
+        of autocast copying them)."""
+        once = int(getattr(self, f"fixed_{mode}")) if fixed else 0
+        return once + batch * (int(getattr(self, mode)) + self.first_grad)
 
     def recomputed_flops(self, mode: str) -> float:
         """The forward FLOPs `mode` recomputes in backward, per item (0 for `none`)."""

@@ -104,9 +104,11 @@ def remove_a_node_once_both_train(experiment: str, gate: Path, removed: threadin
         (gate / "open").touch()
 
 
-def settled() -> dict[str, float]:
-    deadline = time.monotonic() + 60
-    while ray.available_resources().get("CPU", 0) < ray.cluster_resources().get("CPU", 0) and time.monotonic() < deadline:
+def settled(wait_s: float = 60, cpus: float = 0) -> dict[str, float]:
+    """Wait until every CPU of the cluster is free (and it has `cpus` of them), at most `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while (ray.available_resources().get("CPU", 0) < max(ray.cluster_resources().get("CPU", 0), cpus)
+           and time.monotonic() < deadline):
         time.sleep(1)
     return {"free_cpu": ray.available_resources().get("CPU", 0), "total_cpu": ray.cluster_resources().get("CPU", 0)}
 
@@ -117,12 +119,16 @@ for reuse, name in PHASES:
     removed, busy, gate = threading.Event(), {}, out / f"gate-{name}"
     gate.mkdir()
     known_nodes.update(n["NodeID"] for n in ray.nodes())
+    # Both nodes' CPUs free before the sweep starts: it runs as many trials at once as fit in what is free then
+    # (CI of 44c431f: the cold phase ran its trials one after the other, 2 of 4 ranks at the gate)
+    free_at_start = settled(180, cpus=4)
     threading.Thread(target=remove_a_node_once_both_train, args=(name, gate, removed, busy), daemon=True).start()
     outcome, _ = sweep(name, gate, reuse)
     exp = client.get_experiment_by_name(name)
     result[name] = {
         "statuses": sorted(t.status for t in outcome.trials),
         "busy_cpus_per_node": busy.get("cpus", []),
+        "free_at_start": free_at_start,
         "gate": busy.get("gate", f"all ranks there after {busy.get('gate_s')} s"),
         "nodes_named": all(n in known_nodes for n in node_ids(outcome)),
         "removed": removed.is_set(),

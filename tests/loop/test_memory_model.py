@@ -131,6 +131,8 @@ def test_autocasts_weight_copies_are_paid_once_per_forward_not_per_sample() -> N
     for mode in ("none", "selective", "full"):
         assert fit.of(mode, 8) - 8 * fit.first_grad == pytest.approx(eight.of(mode) - eight.first_grad, rel=0.01)
     assert saved(1).of("none") * 8 > 1.1 * eight.of("none")  # the per-sample scaling it replaces
+    # sharded, FSDP2 gathers the 16-bit parameters (its model states) and autocast copies none
+    assert fit.of("none", 8, fixed=False) == fit.of("none", 8) - fit.fixed_none
     # the loss's fp32 log-softmax of a sample's logits is the largest saved tensor that grows with the batch (the
     # head's 16-bit weight copy is as large as two samples' here, and stays): its gradient, per sample
     assert fit.first_grad == preset.seq_len * preset.vocab_size * 4
