@@ -354,6 +354,8 @@ def write_spec(src: Path, out: Path, data_dir: str, sets: dict[str, Any] | None 
         node = raw
         for part in parents:
             node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"--set {key}: {part} is a value in {src.name}, not a section: set {part} itself")
         node[last] = value
     if isinstance(raw.get("cost"), dict) and raw["cost"].get("price_file"):
         raw["cost"]["price_file"] = str(REPO / raw["cost"]["price_file"])

@@ -13,12 +13,13 @@ import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, default_collate
 
 from trainables import contract, registry
 from trainables.batches import CountFn, checked_count, default_counter, loss_of, move_to_device, xy_step
@@ -179,26 +180,29 @@ def sample_activations(wl: Workload, model: nn.Module, blocks: Blocks, step: Cal
                        prec: Precision, count: CountFn) -> Activations | None:
     """Measure what the forward keeps for backward, per activation-checkpointing mode, per sample and per forward.
 
-    From the forwards of one validation sample and of two (`Activations.fit`; one alone where the set has one).
+    From the forwards of the first validation sample and of it twice (`Activations.fit`).
     None where it cannot (a warning says why). The bare model, before sharding; its buffers and the RNG streams
     are left as they were."""
-    batches = [next(iter(DataLoader(wl.val_dataset, batch_size=n, collate_fn=wl.collate_fn)), None) for n in (1, 2)]
-    if batches[0] is None:
+    first = next(iter(DataLoader(wl.val_dataset, batch_size=None, collate_fn=lambda s: s)), None)
+    if first is None:
         return None
+    collate = wl.collate_fn or default_collate
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     try:
-        items = [checked_count(count, b) if b is not None else 0 for b in batches]
-        if items[1] != 2 * items[0]:  # a set of one sample: its forward only, all of it as if per sample
-            batches = batches[:1]
+        batches = [collate([first]), collate([first, first])]  # the same sample twice: exactly twice the items
+        items = [checked_count(count, b) for b in batches]
         measured = []
-        for batch in batches:
+        for batch in batches if items[1] == 2 * items[0] else batches[:1]:
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
                 on_device = move_to_device(batch, device)
-                one = measure_activations(model, blocks, lambda m: loss_of(step(m, on_device), training=True),  # noqa: B023
-                                          prec.autocast())
-            measured.append(one)
-        return dataclasses.replace(Activations.fit(*measured) if len(measured) == 2 else measured[0], items=items[0])
+                forward = partial(_loss_of_step, step, on_device)
+                measured.append(measure_activations(model, blocks, forward, prec.autocast()))
+        if len(measured) == 1:  # a count that does not double: one forward, all of it as if per sample
+            logger.warning("activation memory from one sample only (%d items, %d for the same sample twice): "
+                           "what a forward saves once counts per sample", items[0], items[1])
+            return dataclasses.replace(measured[0], items=items[0], first_grad=0)
+        return dataclasses.replace(Activations.fit(*measured), items=items[0])
     except Exception as exc:  # noqa: BLE001 - a forward the measurement cannot run only loses the prediction
         logger.warning("activation memory not measured (%s: %s): memory/predicted_gib will be absent",
                        type(exc).__name__, exc)
@@ -207,6 +211,10 @@ def sample_activations(wl: Workload, model: nn.Module, blocks: Blocks, step: Cal
         with torch.no_grad():
             for name, b in model.named_buffers():
                 b.copy_(buffers[name])
+
+
+def _loss_of_step(step: Callable[[nn.Module, Any], Any], batch: Any, model: nn.Module) -> torch.Tensor:
+    return loss_of(step(model, batch), training=True)
 
 
 def predict(counts: ParamCounts, activations: Activations | None, optimizer: torch.optim.Optimizer,
@@ -219,7 +227,8 @@ def predict(counts: ParamCounts, activations: Activations | None, optimizer: tor
         return None
     states = model_states(counts, over, cfg.strategy, compute_bytes, optimizer_bytes, cfg.cpu_offload and cfg.use_gpu)
     # sharded: FSDP2's MixedPrecisionPolicy gathers 16-bit parameters (in `states`); autocast copies nothing
-    return Prediction(states, activations.of(cfg.activation_checkpointing, cfg.batch_size, fixed=cfg.strategy not in SHARDED))
+    acts = activations.of(cfg.activation_checkpointing, cfg.batch_size, fixed=cfg.strategy not in SHARDED)
+    return Prediction(states, acts)
 
 
 def gpu_layout(device: torch.device, precision: str, world: int) -> tuple[float | None, dict[str, str]]:

@@ -7,9 +7,10 @@ forwards on the bare model, under the trial's autocast (`measure_activations`): 
 outside the blocks and inside each, each block's input, and the outputs of the ops torchtitan's selective policy
 keeps (`sharding.keeps`), so one forward gives all three activation-checkpointing modes. Forwards of one sample and
 of two split what grows with the micro-batch from what a forward saves once (autocast's 16-bit weight copies:
-`Activations.fit`); the first gradient backward makes, the largest saved tensor's, is added. The same forward counts the FLOPs each mode recomputes in backward (full:
-every block's forward; selective: the block ops the policy does not keep), by torch's FLOP formulas: the hardware
-FLOPs beside the model's (`perf/hfu_pct` beside `perf/mfu_pct`).
+`Activations.fit`); the first gradient backward makes (of the largest saved tensor that grows with the batch)
+is added, or the block a checkpointed backward recomputes, which never lives with it, where that is larger. The
+same forward counts the FLOPs each mode recomputes in backward (full: every block's forward; selective: the block
+ops the policy does not keep), by torch's FLOP formulas: the hardware FLOPs beside the model's (`perf/hfu_pct` beside `perf/mfu_pct`).
 
 What it leaves out, on purpose and said in `docs/explain/memory.md`: the allocator's fragmentation and cache
 (the gap between `memory/max_allocated_gib` and `memory/max_reserved_gib`), the communication buffers, the
@@ -19,7 +20,7 @@ libraries, the data): there the prediction orders configurations, the resident s
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
@@ -39,8 +40,10 @@ MODES = ("none", "selective", "full")
 
 @dataclass(frozen=True)
 class Activations:
-    """Bytes the forward keeps for backward, by activation-checkpointing mode: per sample, and what does not grow
-    with the micro-batch (autocast's 16-bit copies of the weights: one per forward, whatever its batch)."""
+    """Bytes the forward keeps for backward, by activation-checkpointing mode.
+
+    Per sample, and what does not grow with the micro-batch (autocast's 16-bit copies of the weights: one per
+    forward, whatever its batch)."""
 
     none: int  # per sample
     selective: int
@@ -52,37 +55,41 @@ class Activations:
     fixed_none: int = 0  # per forward, whatever its batch
     fixed_selective: int = 0
     fixed_full: int = 0
-    # per sample: the gradient of the largest tensor the forward saved (the loss's input, mostly), which backward
-    # makes first, while every saved tensor is still alive
+    # per sample: the gradient of the largest tensor the forward saved that grows with the batch (the loss's
+    # input, mostly), which backward makes first, while every saved tensor is still alive
     first_grad: int = 0
-    sizes: frozenset[int] = frozenset()  # of one forward: the sizes of the storages it saved (what `fit` matches)
+    # per sample, of `selective` and `full`: the one block backward recomputes at a time, which lives after the
+    # first gradient is gone, never with it
+    rebuilt_selective: int = 0
+    rebuilt_full: int = 0
+    sizes: tuple[int, ...] = ()  # of one forward: each storage it saved, by size (what `fit` compares)
 
     def of(self, mode: str, batch: int = 1, fixed: bool = True) -> int:
-        """The bytes under `mode` (`none`, `selective` or `full`) for a micro-batch of `batch` samples, at the
-        start of backward (the saved tensors and the first gradient). `fixed` False leaves out what a forward
-        saves once (a sharded model: FSDP2 gathers the 16-bit parameters, counted in its model states, instead
-        of autocast copying them)."""
+        """Return the bytes under `mode` (`none`, `selective` or `full`) for a micro-batch of `batch` samples.
+
+        At backward's peak: the saved tensors and the first gradient, or, where larger, the block recomputed.
+        `fixed` False leaves out what a forward saves once (a sharded model: FSDP2 gathers the 16-bit
+        parameters, counted in its model states, instead of autocast copying them)."""
         once = int(getattr(self, f"fixed_{mode}")) if fixed else 0
-        return once + batch * (int(getattr(self, mode)) + self.first_grad)
+        kept = int(getattr(self, mode))
+        rebuilt = min(int(getattr(self, f"rebuilt_{mode}", 0)), kept)
+        return once + batch * (kept - rebuilt + max(rebuilt, self.first_grad))
 
     def recomputed_flops(self, mode: str) -> float:
-        """The forward FLOPs `mode` recomputes in backward, per item (0 for `none`)."""
+        """Return the forward FLOPs `mode` recomputes in backward, per item (0 for `none`)."""
         return 0.0 if mode == "none" else float(getattr(self, f"recomputed_{mode}_flops")) / max(self.items, 1)
 
     @classmethod
     def fit(cls, one: Activations, two: Activations) -> Activations:
         """Split two measured forwards, of one sample and of two, into bytes per sample and bytes per forward."""
         per = {m: max(getattr(two, m) - getattr(one, m), 0) for m in MODES}
+        gained = Counter(two.sizes) - Counter(one.sizes)  # the storages that grew with the batch, at their size for 2
         return cls(**per, recomputed_selective_flops=one.recomputed_selective_flops,
                    recomputed_full_flops=one.recomputed_full_flops, items=one.items,
                    **{f"fixed_{m}": max(getattr(one, m) - per[m], 0) for m in MODES},
-                   first_grad=cls._largest_per_sample(one, two))
-
-    @staticmethod
-    def _largest_per_sample(one: Activations, two: Activations) -> int:
-        """The largest saved tensor that doubled from one sample to two, per sample (a weight's copy stays)."""
-        doubled = [s // 2 for s in two.sizes if s % 2 == 0 and s // 2 in one.sizes]
-        return max(doubled, default=max(two.first_grad - one.first_grad, 0))
+                   first_grad=max(gained, default=0) // 2,
+                   **{f"rebuilt_{m}": max(getattr(two, f"rebuilt_{m}") - getattr(one, f"rebuilt_{m}"), 0)
+                      for m in ("selective", "full")})
 
 
 @dataclass(frozen=True)
@@ -194,14 +201,14 @@ def measure_activations(model: nn.Module, blocks: Blocks, forward: Callable[[nn.
     kept = _KeptOutputs()
 
     held: list[torch.Tensor] = []  # every saved tensor, alive until the forward ends: no storage is reused
-    sizes: set[int] = set()
+    sizes: list[int] = []
 
     def pack(t: torch.Tensor) -> None:
         ptr = t.untyped_storage().data_ptr()
         if ptr not in owned and ptr not in seen:
             seen.add(ptr)
             saved[kept.block] += t.untyped_storage().nbytes()
-            sizes.add(t.untyped_storage().nbytes())
+            sizes.append(t.untyped_storage().nbytes())
         held.append(t)
         # Not the tensor itself: no backward runs, and a hook that returns a saved output closes a reference cycle
         # (output -> its grad_fn -> the output) that outlived the measurement, activations and all
@@ -237,7 +244,7 @@ def measure_activations(model: nn.Module, blocks: Blocks, forward: Callable[[nn.
             h.remove()
     outside = saved[None]
     if not calls:  # no blocks: checkpointing has nothing to wrap (refused), all is "outside"
-        return Activations(outside, outside, outside, first_grad=max(sizes, default=0), sizes=frozenset(sizes))
+        return Activations(outside, outside, outside, first_grad=max(sizes, default=0), sizes=tuple(sorted(sizes)))
     inside = sum(saved[b] for b in calls)
     # the backward recomputes one block at a time: its activations (the policy's recomputed ones) live at once
     recomputed_full = max(saved[b] for b in calls)
@@ -247,4 +254,4 @@ def measure_activations(model: nn.Module, blocks: Blocks, forward: Callable[[nn.
                        full=min(outside + inputs + recomputed_full, none),
                        recomputed_selective_flops=sum(kept.unkept_flops.values()),
                        recomputed_full_flops=sum(kept.flops.values()), first_grad=max(sizes, default=0),
-                       sizes=frozenset(sizes))
+                       rebuilt_selective=recomputed_selective, rebuilt_full=recomputed_full, sizes=tuple(sorted(sizes)))

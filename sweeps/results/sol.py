@@ -282,31 +282,41 @@ def quick_cache_key(key: str) -> str:
     return f"{key} | torch {torch_version} | {kernel_env() or NO_KERNEL_ENV}"
 
 
+_QUICK_MARK = "quick-figures: "  # the child's line of figures, whatever else it prints
 _QUICK_CHILD = ("import json, os\nfrom sweeps.results.sol import quick_figures\n"
-                "print(json.dumps({'pid': os.getpid(), 'figures': quick_figures()}))")
+                f"print({_QUICK_MARK!r} + json.dumps({{'pid': os.getpid(), 'figures': quick_figures()}}))")
 
 
-def measured_apart() -> dict[str, float]:
+def measured_apart(timeout_s: float = 300.0) -> dict[str, float]:
     """Run `quick_figures()` in a process of its own and return what it measured.
 
     A sweep's driver that measured on its GPU itself would hold a CUDA context there for the whole sweep:
     memory the trials lose, and a process NVML lists beside each of them, so every trial read as contended
-    (`contention/gpu_other_procs` 1; seen on an H100, 2026-11-28). The child's context ends with it."""
+    (`contention/gpu_other_procs` 1; seen on an H100, 2026-11-28). The child's context ends with it. It imports
+    this package from where this process did. A failure raises `RuntimeError` with the end of what it said."""
     import json
     import subprocess
     import sys
+    from pathlib import Path
 
-    proc = subprocess.run([sys.executable, "-c", _QUICK_CHILD], capture_output=True, text=True, timeout=300,
-                          check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"the quick figures' process exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
-    said = json.loads(proc.stdout.strip().splitlines()[-1])
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
+    try:
+        proc = subprocess.run([sys.executable, "-c", _QUICK_CHILD], capture_output=True, text=True,
+                              timeout=timeout_s, check=False, env=env)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"the quick figures' process took over {timeout_s:g} s") from None
+    lines = [x for x in proc.stdout.splitlines() if x.startswith(_QUICK_MARK)]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"the quick figures' process exited {proc.returncode} without its figures: "
+                           f"{(proc.stderr or proc.stdout).strip()[-500:]}")
+    said = json.loads(lines[-1].removeprefix(_QUICK_MARK))
     logger.debug("quick figures measured in process %s", said["pid"])
     return {k: float(v) for k, v in said["figures"].items()}
 
 
 def cached_quick_figures(key: str) -> dict[str, float]:
-    """Return the quick figures (`quick_figures`, `measured_apart`) for this machine, kept for a week in the user's cache.
+    """Return this machine's quick figures (`measured_apart`), kept for a week in the user's cache.
 
     The cache is $XDG_CACHE_HOME/gpu-sweeps, else ~/.cache/gpu-sweeps, so each sweep does not pay the 3-5 s
     again; one file per `quick_cache_key` (figures measured under `ONEDNN_MAX_CPU_ISA=AVX2` never stand in

@@ -264,6 +264,8 @@ def test_set_changes_a_stages_spec_and_a_bad_one_names_the_form(tmp_path: Path) 
     spec, _ = load_spec(ga.write_spec(ga.SPECS / "memory.yaml", tmp_path, str(tmp_path / "data"), sets["memory"]))
     assert spec.space.compile.value is False and spec.budget.num_trials == 6
     assert spec.cost is not None and "H100" in spec.cost.prices  # the repo's price file, read from any directory
+    with pytest.raises(ValueError, match="precision is a value in memory.yaml, not a section"):
+        ga.write_spec(ga.SPECS / "memory.yaml", tmp_path, "", ga.parse_sets(["memory:space.precision.x=1"])["memory"])
     for bad in ("memory:space.compile", "nope:a=1", "memory:=1"):
         with pytest.raises(ValueError, match="STAGE:KEY=VALUE"):
             ga.parse_sets([bad])

@@ -121,7 +121,7 @@ for reuse, name in PHASES:
     known_nodes.update(n["NodeID"] for n in ray.nodes())
     # Both nodes' CPUs free before the sweep starts: it runs as many trials at once as fit in what is free then
     # (CI of 44c431f: the cold phase ran its trials one after the other, 2 of 4 ranks at the gate)
-    free_at_start = settled(180, cpus=4)
+    free_at_start = settled(180, cpus=2 * len(nodes))
     threading.Thread(target=remove_a_node_once_both_train, args=(name, gate, removed, busy), daemon=True).start()
     outcome, _ = sweep(name, gate, reuse)
     exp = client.get_experiment_by_name(name)

@@ -103,7 +103,7 @@ def test_a_gpt_orders_the_modes_and_the_measurement_changes_nothing() -> None:
     one = measure_activations(model, find_blocks(model), lambda m: lm_loss(m(idx), idx))
     assert 0 < one.full < one.selective < one.none
     two = measure_activations(model, find_blocks(model), lambda m: lm_loss(m(idx.repeat(2, 1)), idx.repeat(2, 1)))
-    assert two.none == pytest.approx(2 * one.none, rel=0.02)  # linear in the samples: one sample scales
+    assert two.none == pytest.approx(2 * one.none, rel=0.02)  # fp32: nothing saved once a forward, all per sample
     assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     counts = ParamCounts.of(model, find_blocks(model))
@@ -134,8 +134,26 @@ def test_autocasts_weight_copies_are_paid_once_per_forward_not_per_sample() -> N
     # sharded, FSDP2 gathers the 16-bit parameters (its model states) and autocast copies none
     assert fit.of("none", 8, fixed=False) == fit.of("none", 8) - fit.fixed_none
     # the loss's fp32 log-softmax of a sample's logits is the largest saved tensor that grows with the batch (the
-    # head's 16-bit weight copy is as large as two samples' here, and stays): its gradient, per sample
+    # head's 16-bit weight copy is as large as two samples' of it, and stays): its gradient, per sample
     assert fit.first_grad == preset.seq_len * preset.vocab_size * 4
+
+
+def test_the_first_gradient_is_never_a_weight_copy_and_never_lives_with_the_recomputed_block() -> None:
+    """An MLP under bf16 autocast: its weights' 16-bit copies (up to 256 KiB) stay from one sample to two, its
+    largest per-sample tensor (a 512-wide bf16 output, 1 KiB) doubles. Checkpointed, the block backward recomputes
+    lives after the first gradient is freed: the larger of the two counts, not both."""
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 128),
+                          nn.ReLU(), nn.Linear(128, 10))
+    x = torch.randn(2, 64)
+
+    def saved(n: int) -> Activations:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return measure_activations(model, find_blocks(model), lambda m: m(x[:n]).float().pow(2).sum())
+
+    fit = Activations.fit(saved(1), saved(2))
+    assert fit.first_grad == 512 * 2 and max(saved(1).sizes) == 512 * 256 * 2
+    acts = Activations(none=100, selective=60, full=40, first_grad=10, rebuilt_selective=5, rebuilt_full=30)
+    assert (acts.of("none", 2), acts.of("selective", 2), acts.of("full", 2)) == (220, 130, 80)
 
 
 def test_a_model_without_blocks_has_one_figure() -> None:

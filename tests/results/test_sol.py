@@ -234,3 +234,12 @@ def test_native_bf16_measured_below_fp32_is_scored_against_fp32_and_still_sugges
     rows = _demo_rows(NATIVE_BELOW_FP32, fp32=1010.0, bf16=1080.0, isa="avx2 avx512f avx512_bf16")
     assert "of this machine's measured fp32 peak" in rows[3].verdict  # the peak it was scored against
     assert "bf16-mixed (this CPU has avx512_bf16)" in rows[1].verdict and "precision 32" not in rows[3].verdict
+
+
+def test_quick_figures_that_fail_say_why_in_one_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sol, "_QUICK_CHILD", "import sys; print('no figures here'); sys.exit(3)")
+    with pytest.raises(RuntimeError, match="exited 3 without its figures"):
+        sol.measured_apart()
+    monkeypatch.setattr(sol, "_QUICK_CHILD", "import time; time.sleep(5)")
+    with pytest.raises(RuntimeError, match="took over 0.5 s"):
+        sol.measured_apart(timeout_s=0.5)
