@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, default_collate
 
-from trainables import contract, registry
+from trainables import contract, memory_model, registry
 from trainables.batches import CountFn, checked_count, default_counter, loss_of, move_to_device, xy_step
 from trainables.contract import TrialConfig
 from trainables.flop_count import flops_per_item
@@ -193,10 +193,11 @@ def sample_activations(wl: Workload, model: nn.Module, blocks: Blocks, step: Cal
         batches = [collate([first]), collate([first, first])]  # the same sample twice: exactly twice the items
         items = [checked_count(count, b) for b in batches]
         measured = []
-        for batch in batches if items[1] == 2 * items[0] else batches[:1]:
+        for n, batch in enumerate(batches if items[1] == 2 * items[0] else batches[:1], start=1):
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
                 on_device = move_to_device(batch, device)
                 forward = partial(_loss_of_step, step, on_device)
+                memory_model.measuring_pass = n
                 measured.append(measure_activations(model, blocks, forward, prec.autocast()))
         if len(measured) == 1:  # a count that does not double: one forward, all of it as if per sample
             logger.warning("activation memory from one sample only (%d items, %d for the same sample twice): "
@@ -208,6 +209,7 @@ def sample_activations(wl: Workload, model: nn.Module, blocks: Blocks, step: Cal
                        type(exc).__name__, exc)
         return None
     finally:
+        memory_model.measuring_pass = 0
         with torch.no_grad():
             for name, b in model.named_buffers():
                 b.copy_(buffers[name])

@@ -12,8 +12,16 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, get_worker_info
 
-from trainables import BuildContext, Workload
+from trainables import BuildContext, Workload, memory_model
 from trainables.registry import build
+
+
+def _counted() -> int:
+    """Return 1 for a forward the faults count, 0 for the build's second measuring forward.
+
+    The faults' steps were set when the build measured once (`memory_model.measuring_pass`): they count that
+    one forward as they always did."""
+    return int(memory_model.measuring_pass < 2)
 
 
 class _OomAbove(nn.Module):
@@ -52,7 +60,7 @@ class _RankHangs(nn.Module):
         self.inner, self.hangs, self.at, self.calls = inner, rank == hang_rank, at, 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
+        self.calls += _counted()
         if self.hangs and self.calls == self.at:
             time.sleep(3600)
         return self.inner(x)  # type: ignore[no-any-return]
@@ -101,7 +109,7 @@ class _CrashOnce(nn.Module):
         self.inner, self.rank, self.at, self.marker, self.calls = inner, rank, at, marker, 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
+        self.calls += _counted()
         if self.rank == 1 and self.calls == self.at and not os.path.exists(self.marker):
             open(self.marker, "w").close()
             os._exit(1)
@@ -124,7 +132,7 @@ class _DiskFullWhile(nn.Module):
         self.inner, self.rank, self.at, self.flag, self.calls = inner, rank, at, flag, 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
+        self.calls += _counted()
         if self.rank == 0 and self.calls == self.at and os.path.exists(self.flag):
             fd = os.open("/dev/full", os.O_WRONLY)
             try:
@@ -171,7 +179,7 @@ class _Dies(nn.Module):
         self.inner, self.rank, self.calls = inner, rank, 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
+        self.calls += _counted()
         if self.rank == 1 and self.calls == 2:
             os._exit(1)
         return self.inner(x)  # type: ignore[no-any-return]
@@ -227,7 +235,7 @@ class _Gate(nn.Module):
         self.me = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.calls += torch.is_grad_enabled()
+        self.calls += torch.is_grad_enabled() and _counted()
         if self.calls == self.at and torch.is_grad_enabled():
             open(os.path.join(self.folder, f"arrived-{self.me}"), "w").close()
             while not any(os.path.exists(os.path.join(self.folder, f)) for f in ("open", f"open-{self.me}")):
