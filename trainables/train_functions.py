@@ -25,6 +25,7 @@ import fnmatch
 import gc
 import logging
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -131,7 +132,8 @@ def reset_between_trials(device: torch.device) -> None:
     model. Seeds, TF32/matmul flags, thread counts, loader workers, the sampler thread and the model's hooks are
     set up (or torn down) by the loop itself for every trial."""
     gc.collect()
-    torch.compiler.reset()
+    if "torch._dynamo" in sys.modules:  # else nothing was compiled here: importing it would cost ~1.6 s of a core
+        torch.compiler.reset()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
@@ -218,7 +220,7 @@ def pool_worker(config: dict[str, Any]) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     node = ray.get_runtime_context().get_node_id()
-    reset_between_trials(device)  # its first call imports torch's compiler stack (~1 s): the group's start-up, not a trial's
+    reset_between_trials(device)
     served = 0
     # the trials it serves: of its shape (its ranks, its accelerator type), asked one short poll at a time
     shape, poll_s = config.get("shape") or (world, ""), float(config.get("idle_poll_s", 2.0))

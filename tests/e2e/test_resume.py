@@ -43,13 +43,13 @@ def _children(client: MlflowClient, parent: str) -> list:
 
 # How the driver is stopped: SIGKILL (nothing runs: Tune's last state save is what resume has), SIGTERM (what
 # `timeout`, systemd, SLURM and Kubernetes send: a graceful stop, exit 4), SIGTERM twice (the second stops at
-# once, exit 4). With scaling.reuse_workers true (warm groups) and false (a Train run per trial).
-STOPS = [("true", (signal.SIGKILL,)), ("false", (signal.SIGKILL,)), ("true", (signal.SIGTERM,)),
-         ("true", (signal.SIGTERM, signal.SIGTERM))]
+# once, exit 4). With scaling.reuse_workers true (warm groups) and false (a Train run per trial). A SIGKILLed
+# driver of warm groups is tests/e2e/test_s3_storage.py's, with the storage on a URI (the same assertions).
+STOPS = [("false", (signal.SIGKILL,)), ("true", (signal.SIGTERM,)), ("true", (signal.SIGTERM, signal.SIGTERM))]
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize(("reuse", "signals"), STOPS, ids=["warm-kill", "cold-kill", "warm-term", "warm-term-twice"])
+@pytest.mark.parametrize(("reuse", "signals"), STOPS, ids=["cold-kill", "warm-term", "warm-term-twice"])
 def test_a_stopped_driver_resumes_without_losing_or_duplicating(ray_cluster: None, tmp_path: Path, reuse: str,
                                                                 signals: tuple[int, ...],
                                                                 new_store: Callable[[Path], Path]) -> None:

@@ -2,12 +2,14 @@
 
 The bucket holds the sweep's state, Tune's experiment and every rank's trace, MLflow gets each trial's trace
 from there, and no local folder named after the URI (`./s3:/...`, what a bypassed storage layer makes) appears.
-A driver SIGKILLed mid-trial is resumed from the URI (`sweeps resume NAME --storage-path URI`) in the same
-parent run, without duplicate child runs. The session cluster's workers started before the store did, so the
-credentials travel in the URI (`s3://KEY:SECRET@bucket/...`), as a node without the variables would need."""
+A driver of warm groups SIGKILLed mid-trial is resumed from the URI (`sweeps resume NAME --storage-path URI`) in
+the same parent run, without duplicate child runs, its cost a lower bound that says so. The session cluster's
+workers started before the store did, so the credentials travel in the URI (`s3://KEY:SECRET@bucket/...`), as a
+node without the variables would need."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -46,6 +48,7 @@ budget: {{num_trials: 2, num_steps: 100000, num_warmup_steps: 2, report_interval
 tracking: {{uri: 'sqlite:///{db}', experiment: s3-resume}}
 storage_path: '{storage}'
 seed: 5
+cost: {{prices: {{cpu: {{usd_per_hour: 0.05, date: 2026-11-27, source: test price}}}}}}
 """
 
 
@@ -140,8 +143,6 @@ def test_a_killed_driver_resumes_from_the_uri(ray_cluster: None, s3: S3Server, t
                 for me in first:
                     (gate / f"open-{me}").touch()
             elif first and len(held) >= 4 and "sweeps/s3-resumable/sweep.json" in s3.keys("sweeps/"):
-                import json
-
                 parent = json.loads(s3.client().get_object(Bucket=s3.bucket, Key="sweeps/s3-resumable/sweep.json")
                                     ["Body"].read())["parent_run_id"]
                 runs = _children(client, "s3-resume", parent)
@@ -169,3 +170,11 @@ def test_a_killed_driver_resumes_from_the_uri(ray_cluster: None, s3: S3Server, t
     parents = client.search_runs([runs[0].info.experiment_id], "tags.`sweep.name` = 's3-resumable'")
     assert [p.info.run_id for p in parents] == [parent] and parents[0].info.status == "FINISHED"
     assert not _no_local_uri_folder(tmp_path, REPO, Path("/tmp"))
+    # what the sweep held: each driver says so in the sweep's ledger, unless killed outright; then the sweep's
+    # figure is a lower bound, and says so
+    ledger = [d["held_usd"] for d in json.loads(s3.client().get_object(
+        Bucket=s3.bucket, Key="sweeps/s3-resumable/sweep.json")["Body"].read())["drivers"]]
+    swept, tags = parents[0].data.metrics["cost/sweep_usd"], parents[0].data.tags
+    assert len(ledger) == 2 and ledger[0] is None and ledger[1] is not None and ledger[1] > 0, ledger
+    assert swept == pytest.approx(ledger[1])
+    assert "killed outright" in tags["sweep.cost_at_least"] and "The sweep cost at least $" in tags["mlflow.note.content"]

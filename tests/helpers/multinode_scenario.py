@@ -1,11 +1,13 @@
-"""Multi-node sweeps on one machine, in their own process (one Ray driver, one cluster for all phases).
+"""Multi-node sweeps on one machine, in their own process (one Ray driver, one cluster).
 
 A head with no CPUs and two 2-CPU nodes (`ray.cluster_utils.Cluster`); every trial has 2 workers
-x 1 CPU, so a trial fills a node. loss-warm, then loss-cold (`scaling.reuse_workers` true, then
-false): 2 trials at once; once both are training, every CPU of both worker nodes must be in use (the
-two trials at once, across the nodes); then one node is removed: its trial must be retried or rescheduled on the other
-node, nothing finished may be lost, every run must say on which node it ran, and all resources must
-be free at the end. A new node replaces the lost one between the two.
+x 1 CPU, so a trial fills a node. Warm groups (`scaling.reuse_workers` true, the default), 2 trials at
+once: once both are training, every CPU of both worker nodes must be in use (the two groups at once,
+across the nodes); then one node is removed: its trial must be retried on a group started on the other
+node, nothing finished may be lost, every run must say on which node it ran, and all resources must be
+free at the end. (Cold trials, a Train run each, once had a phase of their own here: a lost node is to
+Ray Train what a crashed rank is, and `tests/loop/test_loop_faults.py`'s cold sweep retries a crashed rank
+from its checkpoint; a warm trial's node loss with its storage elsewhere is `tests/e2e/test_private_disk.py`'s.)
 Writes result.json into argv[1]: one entry per phase.
 
 Ray Train runs lean, as `sweeps run` runs it on a local cluster (`LEAN_TRAIN_ENV`): its controller polls
@@ -113,7 +115,7 @@ def settled(wait_s: float = 60, cpus: float = 0) -> dict[str, float]:
     return {"free_cpu": ray.available_resources().get("CPU", 0), "total_cpu": ray.cluster_resources().get("CPU", 0)}
 
 
-PHASES = (("true", "loss-warm"), ("false", "loss-cold"))  # scaling.reuse_workers, experiment
+PHASES = (("true", "loss-warm"),)  # scaling.reuse_workers, experiment
 result: dict[str, dict] = {}
 for reuse, name in PHASES:
     removed, busy, gate = threading.Event(), {}, out / f"gate-{name}"
@@ -135,9 +137,6 @@ for reuse, name in PHASES:
         "children": len(client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{outcome.parent_run_id}'")),
         **settled(),
     }
-    if reuse == "true":  # a new node in place of the lost one, for the next phase
-        nodes[1] = cluster.add_node(num_cpus=2)
-        cluster.wait_for_nodes()
 (out / "result.json").write_text(json.dumps(result))
 print(json.dumps(result), flush=True)
 ours = tree(p.pid for p in psutil.Process().children())  # the nodes this process started, and their workers
