@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import gc
+import importlib
 import logging
 import os
 import sys
@@ -55,6 +56,8 @@ class RetireGroup(RuntimeError):
 
 # The key of a train function's config that holds the driver's working directory.
 WORKDIR = "workdir"
+# The key of a warm group's config that says its trials load torch's compiler stack (a trace's profiler, compile).
+COMPILER = "loads_compiler"
 _DRIVER_DIR = "where `sweeps run` started; in a job: its working directory"
 
 
@@ -220,6 +223,8 @@ def pool_worker(config: dict[str, Any]) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     node = ray.get_runtime_context().get_node_id()
+    if config.get(COMPILER):  # its trials will trace or compile: the group's start pays the import, not its first trial
+        importlib.import_module("torch._dynamo")
     reset_between_trials(device)
     served = 0
     # the trials it serves: of its shape (its ranks, its accelerator type), asked one short poll at a time

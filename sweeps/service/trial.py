@@ -231,7 +231,7 @@ def make_group_trainer(spec: SweepSpec, queue: Any, slot: int, name: str, storag
     accelerator type, default the spec's first. The ranks serve trials until the queue closes or asks for
     another shape. Each rank holds what the largest trial of the space needs (loader workers included) for
     as long as it lives."""
-    from trainables.train_functions import WORKDIR, pool_worker
+    from trainables.train_functions import COMPILER, WORKDIR, pool_worker
 
     workdir, shape = group
     size, kind = shape or first_shape(spec)
@@ -241,7 +241,21 @@ def make_group_trainer(spec: SweepSpec, queue: Any, slot: int, name: str, storag
     ranks = Ranks(spec.scaling, size, spec.scaling.cpus_per_rank(max_loader_workers(spec)),
                   spec.budget.collective_timeout_s, kind)
     return _torch_trainer(pool_worker, {"queue": queue, "slot": slot, "group": name, WORKDIR: workdir,
-                                        "idle_poll_s": poll_s, "shape": (size, kind)}, ranks, name, storage_path)
+                                        "idle_poll_s": poll_s, "shape": (size, kind),
+                                        COMPILER: loads_compiler(spec)}, ranks, name, storage_path)
+
+
+def loads_compiler(spec: SweepSpec) -> bool:
+    """Whether the sweep's trials load torch's compiler stack (~1.6 s of a core for each process to import it).
+
+    A trace's profiler (`telemetry.trace_steps`, where warm-up is long enough for it) and `compile` do. A warm group
+    then imports it at its start, so that its first trial does not pay it, nor the ETA take it for every trial's."""
+    from sweeps.spec.params import param_values
+
+    steps = spec.telemetry.trace_steps
+    compiles = spec.space.param("compile")
+    return (steps > 0 and spec.budget.num_warmup_steps >= steps + 2) or (
+        compiles is not None and any(bool(v) for v in param_values(compiles)))
 
 
 class WarmFailure(Exception):

@@ -99,3 +99,26 @@ def test_the_coordinator_a_sweep_starts_first_is_the_one_every_run_s_controller_
     assert client.AUTOSCALING_REQUESTS_GET_TIMEOUT_S == 5  # the wait a cold coordinator outlasted
     assert 'get_if_exists=True' in inspect.getsource(coordinator.get_or_create_autoscaling_coordinator)
     assert "get_or_create_autoscaling_coordinator" in inspect.getsource(trial.start_train_coordinator)
+
+
+_BASE = """\
+name: c
+trainable: {{name: mlp-tabular}}
+space: {{compile: {compile}}}
+budget: {{num_trials: 2, num_steps: 10, num_warmup_steps: {warmup}}}
+telemetry: {{trace_steps: {trace}}}
+"""
+
+
+@pytest.mark.parametrize(("compile_", "warmup", "trace", "loads"), [
+    ("false", 5, 2, True),  # the demo's: every trial traces 2 warm-up steps, the profiler loads the compiler
+    ("false", 3, 2, False),  # warm-up too short to trace (a trace needs num_warmup_steps >= 4 here)
+    ("false", 5, 0, False),  # tracing off
+    ("{type: categorical, choices: [false, true]}", 5, 0, True),  # some trials compile
+])
+def test_a_warm_group_imports_the_compiler_at_its_start_only_where_its_trials_will_load_it(
+        compile_: str, warmup: int, trace: int, loads: bool) -> None:
+    from sweeps.spec import parse_spec
+
+    spec = parse_spec(_BASE.format(compile=compile_, warmup=warmup, trace=trace))
+    assert trial.loads_compiler(spec) is loads
