@@ -1,0 +1,30 @@
+"""`benchmarks/suite_cpu.py`: a run's CPU by the kind of process that spent it."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from benchmarks.suite_cpu import kind_of, main, summary
+
+
+def test_each_process_is_named_by_what_it_last_called_itself() -> None:
+    assert kind_of("ray::RayTrainWorker.run_train_fn", "ray::RayTrainWor") == "ray actor: RayTrainWorker.run_train_fn"
+    assert kind_of("/v/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet --x", "raylet") == "ray: raylet"
+    assert kind_of("/v/bin/python -m sweeps run s.yaml", "python") == "python -m sweeps (driver)"
+    assert kind_of("/v/bin/python -m pytest -q -n 2", "python") == "pytest"
+    assert kind_of("/v/bin/python -c import sys;exec(eval(sys.stdin.readline()))", "python") == "pytest (xdist worker)"
+    assert kind_of("/v/bin/python -m pip install -q -e .", "python") == "pip"
+    assert kind_of("", "kworker/0:1") == "kworker/0:1"
+
+
+def test_a_watched_command_s_cpu_is_counted_under_its_kind(tmp_path: Path) -> None:
+    busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 2.5: pass\n"
+    out = tmp_path / "cpu.json"
+    assert main(["--out", str(out), "--", sys.executable, "-c", busy]) == 0
+    result = json.loads(out.read_text())
+    spent = result["kinds"]["python (other)"]["cpu_s"]
+    assert 1.5 < spent <= result["busy_cpu_s"] + 0.5, result  # its last second may be missed, never more than ran
+    text, rows = summary(result)
+    assert rows[0]["kind"] == "python (other)" and "account for" in text
