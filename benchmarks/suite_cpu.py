@@ -44,13 +44,37 @@ _KINDS = (("ray::", None), ("raylet", "ray: raylet"), ("gcs_server", "ray: gcs_s
 
 
 def kind_of(cmdline: str, comm: str) -> str:
-    """The kind of a process, from its command line (or its name, where it has none)."""
+    """The kind of a process, from its command line (or its name, where it has none: a process ending).
+
+    A Ray actor by its class (`ray::TrainController.run` is a TrainController)."""
     for mark, kind in _KINDS:
         if mark in cmdline:
-            return kind if kind is not None else "ray actor: " + cmdline.split()[0].removeprefix("ray::")
-    if "python" in cmdline:
+            return kind if kind is not None else _ACTOR + cmdline.split()[0].removeprefix("ray::").split(".")[0]
+    if "python" in cmdline or comm == "python":
         return "python (other)"
-    return comm or "?"
+    return _ACTOR + comm.removeprefix("ray::") + _CUT if comm.startswith("ray::") else comm or "?"
+
+
+_ACTOR, _CUT = "ray actor: ", "..."  # a name the kernel cut to 15 characters
+
+
+def merged(kinds: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """The kinds, each process's cut name counted with the whole one it begins (where one does)."""
+    out: dict[str, dict[str, float]] = defaultdict(lambda: {"cpu_s": 0.0, "processes": 0})
+    def whole(name: str) -> str:  # files written before actors were named by their class alone had methods
+        return _ACTOR + name.removeprefix(_ACTOR).split(".")[0] if name.startswith(_ACTOR) else name
+
+    for name, v in kinds.items():
+        if name.startswith("ray::") or name == "python":  # a file written before processes ending kept their kind
+            name = kind_of("", name)
+        if name.endswith(_CUT):
+            name = next((whole(k) for k in kinds if k.startswith(name.removesuffix(_CUT))
+                         and not k.endswith(_CUT) and not k.startswith("ray::")), name)
+        else:
+            name = whole(name)
+        out[name]["cpu_s"] += v["cpu_s"]
+        out[name]["processes"] += v["processes"]
+    return dict(out)
 
 
 def _sample() -> dict[tuple[int, int], tuple[str, float]]:
@@ -86,9 +110,9 @@ def watch(command: list[str], out: Path, period_s: float = 1.0) -> int:
     busy0, t0 = _busy_s(), time.monotonic()
     proc = subprocess.Popen(command)
     while proc.poll() is None:
-        for key, value in _sample().items():
-            if key not in before:
-                seen[key] = value
+        for key, (kind, cpu) in _sample().items():
+            if key not in before:  # a process ending has no command line left: it keeps the kind it had
+                seen[key] = (seen[key][0] if key in seen and kind.endswith(_CUT) else kind, cpu)
         time.sleep(period_s)
     by_kind: dict[str, dict[str, float]] = defaultdict(lambda: {"cpu_s": 0.0, "processes": 0})
     for kind, cpu in seen.values():
@@ -102,7 +126,7 @@ def watch(command: list[str], out: Path, period_s: float = 1.0) -> int:
 
 def summary(result: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
     """A table of the kinds by CPU seconds, and the rows a results.jsonl entry holds."""
-    kinds = sorted(result["kinds"].items(), key=lambda kv: -kv[1]["cpu_s"])
+    kinds = sorted(merged(result["kinds"]).items(), key=lambda kv: -kv[1]["cpu_s"])
     counted = sum(v["cpu_s"] for _, v in kinds)
     busy = result["busy_cpu_s"]
     rows = [{"kind": k, "cpu_s": round(v["cpu_s"], 1), "processes": int(v["processes"]),

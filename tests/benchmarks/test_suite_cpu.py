@@ -6,11 +6,12 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks.suite_cpu import kind_of, main, summary
+from benchmarks.suite_cpu import kind_of, main, merged, summary
 
 
 def test_each_process_is_named_by_what_it_last_called_itself() -> None:
-    assert kind_of("ray::RayTrainWorker.run_train_fn", "ray::RayTrainWor") == "ray actor: RayTrainWorker.run_train_fn"
+    assert kind_of("ray::RayTrainWorker.run_train_fn", "ray::RayTrainWo") == "ray actor: RayTrainWorker"
+    assert kind_of("", "ray::RayTrainWo") == "ray actor: RayTrainWo..."  # ending: the kernel's 15 characters
     assert kind_of("/v/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet --x", "raylet") == "ray: raylet"
     assert kind_of("/v/bin/python -m sweeps run s.yaml", "python") == "python -m sweeps (driver)"
     assert kind_of("/v/bin/python -m pytest -q -n 2", "python") == "pytest"
@@ -28,3 +29,11 @@ def test_a_watched_command_s_cpu_is_counted_under_its_kind(tmp_path: Path) -> No
     assert 1.5 < spent <= result["busy_cpu_s"] + 0.5, result  # its last second may be missed, never more than ran
     text, rows = summary(result)
     assert rows[0]["kind"] == "python (other)" and "account for" in text
+
+
+def test_cut_names_and_methods_count_with_their_class() -> None:
+    kinds = {"ray actor: TrainController.run": {"cpu_s": 5.0, "processes": 1},
+             "ray actor: TrainController": {"cpu_s": 4.0, "processes": 1},
+             "ray actor: TrainContr...": {"cpu_s": 3.0, "processes": 2}, "ray actor: Lone...": {"cpu_s": 1.0, "processes": 1}}
+    assert merged(kinds) == {"ray actor: TrainController": {"cpu_s": 12.0, "processes": 4},
+                             "ray actor: Lone...": {"cpu_s": 1.0, "processes": 1}}
