@@ -27,8 +27,9 @@ def test_a_watched_command_s_cpu_is_counted_under_its_kind(tmp_path: Path) -> No
     result = json.loads(out.read_text())
     spent = result["kinds"]["python (other)"]["cpu_s"]
     assert 1.5 < spent <= result["busy_cpu_s"] + 0.5, result  # its last second may be missed, never more than ran
-    text, rows = summary(result)
-    assert rows[0]["kind"] == "python (other)" and "account for" in text
+    text, rows = summary(result)  # every process on the machine is sampled: under make test, Ray's may spend more
+    row = next(r for r in rows if r["kind"] == "python (other)")
+    assert row["cpu_s"] > 1.5 and "account for" in text and "| python (other) |" in text
 
 
 def test_cut_names_and_methods_count_with_their_class() -> None:
