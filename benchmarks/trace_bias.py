@@ -69,8 +69,9 @@ def child() -> None:
         print("RESULT " + json.dumps(out), flush=True)
     if world > 1:
         dist.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)  # a gloo group DDP used can abort the interpreter's finalization (trainables/launch.py: _leave)
+    from trainables.launch import leave
+
+    leave(0)  # a gloo group DDP used can abort the interpreter's finalization
 
 
 def t_interval(values: list[float]) -> tuple[float, float, float]:

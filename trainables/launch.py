@@ -136,14 +136,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _leave(code: int) -> None:
-    """End a finished run without finalizing the interpreter. Once DDP has used a gloo group, the group
-    outlives `destroy_process_group` (torch 2.13 keeps it referenced from C++), and so do its worker
-    threads: one that drops the last reference to a collective's Python-owned tensor while the
-    interpreter finalizes cannot take the GIL and ends the process by std::terminate (SIGABRT after
-    the final report was written: 4 in 14 two-rank runs beside two busy processes on a 2-core machine). A run
-    that failed leaves the same way, after its traceback, with exit status 1 (torchrun then names the rank and
-    its status, not a SIGABRT). Nothing is left to run here; what was written is flushed first."""
+def leave(code: int) -> None:
+    """End a finished run without finalizing the interpreter.
+
+    Once DDP has used a gloo group, the group outlives `destroy_process_group` (torch 2.13 keeps it referenced
+    from C++), and so do its worker threads: one that drops the last reference to a collective's Python-owned
+    tensor while the interpreter finalizes cannot take the GIL and ends the process by std::terminate (SIGABRT
+    after the final report was written: 4 in 14 two-rank runs beside two busy processes on a 2-core machine).
+    A run that failed leaves the same way, after its traceback, with exit status 1 (torchrun then names the
+    rank and its status, not a SIGABRT). Nothing is left to run here; what was written is flushed first. Every
+    process of ours whose ranks used a gloo group ends this way (the test helpers and benchmarks that run them)."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -151,7 +153,7 @@ def _leave(code: int) -> None:
 
 
 def _run() -> int:
-    """`main`'s exit status, every way it can end (each then leaves by `_leave`)."""
+    """`main`'s exit status, every way it can end (each then leaves by `leave`)."""
     try:
         return main()
     except SystemExit as exc:  # argparse's usage error, or a workload's sys.exit()
@@ -168,4 +170,4 @@ def _run() -> int:
 
 
 if __name__ == "__main__":
-    _leave(_run())
+    leave(_run())

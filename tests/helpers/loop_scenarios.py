@@ -8,7 +8,6 @@ the ranks stopped. Timings are left out: they differ run to run, the counts and 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import torch.distributed as dist
 
 from trainables import contract
 from trainables.contract import TrialConfig
+from trainables.launch import leave
 from trainables.loop import train
 from trainables.reporting import ListReporter, keep_checkpoint
 
@@ -103,9 +103,7 @@ def main() -> None:
     # interpreter's teardown after that ("terminate called without an active exception", no Python
     # frame: a C++ thread left joinable at exit, after a dozen trainings in one process): skip the
     # teardown, which is not what this harness pins.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave(0)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ node, nothing finished may be lost, every run must say on which node it ran, and
 free at the end. (Cold trials, a Train run each, once had a phase of their own here: a lost node is to
 Ray Train what a crashed rank is, and `tests/loop/test_loop_faults.py`'s cold sweep retries a crashed rank
 from its checkpoint; a warm trial's node loss with its storage elsewhere is `tests/e2e/test_private_disk.py`'s.)
-Writes result.json into argv[1]: one entry per phase.
+Writes result.json into argv[1].
 
 Ray Train runs lean, as `sweeps run` runs it on a local cluster (`LEAN_TRAIN_ENV`): its controller polls
 its workers every 0.5 s, so a lost node is noticed within 0.5 s.
@@ -47,7 +47,7 @@ trainable: {{name: "tests.helpers.faulty:gated", params: {{num_train_rows: 4096,
 space: {{lr: {{type: float, low: 1.0e-3, high: 1.0e-2, log: true}}}}
 budget: {{num_trials: 2, max_concurrent_trials: 2, num_steps: {steps}, num_warmup_steps: 3, max_retries: 1,
           report_interval_s: 1}}
-scaling: {{num_workers: 2, cpus_per_worker: 1, reuse_workers: {reuse}}}
+scaling: {{num_workers: 2, cpus_per_worker: 1, reuse_workers: true}}
 tracking: {{uri: 'sqlite:///{db}'}}
 storage_path: {storage}
 """
@@ -64,8 +64,8 @@ ray.init(address=cluster.address, runtime_env={"env_vars": dict(LEAN_TRAIN_ENV)}
 client = MlflowClient(f"sqlite:///{DB}")
 
 
-def sweep(name: str, gate: Path, reuse: str) -> tuple:
-    text = SPEC.format(name=name, steps=STEPS, at=AT, gate=gate, db=DB, storage=out / "results", reuse=reuse)
+def sweep(name: str, gate: Path) -> tuple:
+    text = SPEC.format(name=name, steps=STEPS, at=AT, gate=gate, db=DB, storage=out / "results")
     lines: list[str] = []
     outcome = run_sweep(parse_spec(text), text, echo=lambda line: (lines.append(line), print(line, flush=True)))
     return outcome, lines
@@ -115,28 +115,26 @@ def settled(wait_s: float = 60, cpus: float = 0) -> dict[str, float]:
     return {"free_cpu": ray.available_resources().get("CPU", 0), "total_cpu": ray.cluster_resources().get("CPU", 0)}
 
 
-PHASES = (("true", "loss-warm"),)  # scaling.reuse_workers, experiment
-result: dict[str, dict] = {}
-for reuse, name in PHASES:
-    removed, busy, gate = threading.Event(), {}, out / f"gate-{name}"
-    gate.mkdir()
-    known_nodes.update(n["NodeID"] for n in ray.nodes())
-    # Both nodes' CPUs free before the sweep starts: it runs as many trials at once as fit in what is free then
-    # (CI of 44c431f: the cold phase ran its trials one after the other, 2 of 4 ranks at the gate)
-    free_at_start = settled(180, cpus=2 * len(nodes))
-    threading.Thread(target=remove_a_node_once_both_train, args=(name, gate, removed, busy), daemon=True).start()
-    outcome, _ = sweep(name, gate, reuse)
-    exp = client.get_experiment_by_name(name)
-    result[name] = {
-        "statuses": sorted(t.status for t in outcome.trials),
-        "busy_cpus_per_node": busy.get("cpus", []),
-        "free_at_start": free_at_start,
-        "gate": busy.get("gate", f"all ranks there after {busy.get('gate_s')} s"),
-        "nodes_named": all(n in known_nodes for n in node_ids(outcome)),
-        "removed": removed.is_set(),
-        "children": len(client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{outcome.parent_run_id}'")),
-        **settled(),
-    }
+NAME = "loss-warm"  # the experiment
+removed, busy, gate = threading.Event(), {}, out / "gate"
+gate.mkdir()
+known_nodes.update(n["NodeID"] for n in ray.nodes())
+# Both nodes' CPUs free before the sweep starts: it runs as many trials at once as fit in what is free then
+# (CI of 44c431f: a sweep ran its trials one after the other, 2 of 4 ranks at the gate)
+free_at_start = settled(180, cpus=2 * len(nodes))
+threading.Thread(target=remove_a_node_once_both_train, args=(NAME, gate, removed, busy), daemon=True).start()
+outcome, _ = sweep(NAME, gate)
+exp = client.get_experiment_by_name(NAME)
+result = {
+    "statuses": sorted(t.status for t in outcome.trials),
+    "busy_cpus_per_node": busy.get("cpus", []),
+    "free_at_start": free_at_start,
+    "gate": busy.get("gate", f"all ranks there after {busy.get('gate_s')} s"),
+    "nodes_named": all(n in known_nodes for n in node_ids(outcome)),
+    "removed": removed.is_set(),
+    "children": len(client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{outcome.parent_run_id}'")),
+    **settled(),
+}
 (out / "result.json").write_text(json.dumps(result))
 print(json.dumps(result), flush=True)
 ours = tree(p.pid for p in psutil.Process().children())  # the nodes this process started, and their workers

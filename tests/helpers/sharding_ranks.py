@@ -17,6 +17,7 @@ import torch.distributed as dist
 from trainables import contract
 from trainables.checkpoint import Saved, apply_state, read_state, save_state
 from trainables.contract import TrialConfig
+from trainables.launch import leave
 from trainables.loop import train
 from trainables.reporting import ListReporter
 from trainables.sharding import BLOCKS_TAG, Wrapping, find_blocks, shard
@@ -187,11 +188,9 @@ def run(rank: int, world: int, port: int, out: str, data_dir: str) -> None:
         Path(out, f"rank{rank}.json").write_text(json.dumps(found))
     finally:
         dist.destroy_process_group()
-    # as trainables.launch._leave: a gloo group's threads outlive it and can abort the interpreter's finalization
-    # (SIGABRT, "terminate called without an active exception": the clean clone of c0e3929, every test here errored)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    # a gloo group's threads outlive it and can abort the interpreter's finalization (SIGABRT, "terminate called
+    # without an active exception": the clean clone of c0e3929, every test here errored)
+    leave(0)
 
 
 if __name__ == "__main__":  # by hand: python -m tests.helpers.sharding_ranks OUT DATA_DIR

@@ -80,7 +80,7 @@ def test_hung_ddp_peer_times_out_and_leaves_no_process(tmp_path: Path) -> None:
 def test_a_failing_torchrun_run_exits_1_after_its_traceback_not_by_a_signal(tmp_path: Path) -> None:
     # Both ranks diverge (NaN loss at batch 16) after DDP's all-reduces ran: each says why and leaves with
     # status 1. Left to the interpreter's exit, the gloo group's threads could end a rank by SIGABRT
-    # ("terminate called without an active exception"; trainables.launch._leave), hiding the status.
+    # ("terminate called without an active exception"; trainables.launch.leave), hiding the status.
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "trainables.launch", "--workload", "tests.helpers.faulty:nan_at_16_oom_above_32", "--num-steps", "8",
            "--num-warmup-steps", "2", "--batch-size", "16", "--metrics-path", str(tmp_path / "m.jsonl")]
