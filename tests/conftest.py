@@ -29,7 +29,7 @@ os.environ["XDG_CACHE_HOME"] = os.path.join(_AUTH_DIR, "cache")
 # its 2 cores (benchmarks/suite_cpu.py, results.jsonl line 126), and neither is work a test asks for:
 # - no worker processes started ahead of need (the 2 a new node starts for its first driver, ~1 CPU-s each, never
 #   used: a sweep's actors carry their own runtime env); most of a run's 62 unused "IDLE" workers (109 CPU-s)
-#   are started by Ray for leases another worker took, and still are;
+#   are started some other way (not found which) and still are;
 # - the log monitor looks for new log files every 0.5 s, not every 0.1 s (its glob grows with every worker
 #   a session cluster has had: 120 CPU-s of a run); a line reaches a driver at most 0.5 s later.
 for _name, _value in (("RAY_enable_worker_prestart", "0"), ("RAY_prestart_worker_first_driver", "0"),
