@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import append_entry, make_entry, table  # noqa: E402
+from benchmarks.common import append_entry, machine, make_entry, table  # noqa: E402
 
 _TICK = os.sysconf("SC_CLK_TCK")
 # (what a command line contains, its kind), the first that matches wins
@@ -143,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--summary", type=Path, help="print a written file's table")
     ap.add_argument("--record", action="store_true", help="with --summary: append a results.jsonl entry")
     ap.add_argument("--origin", default="", help="how the run was made, recorded with the entry")
+    ap.add_argument("--git-sha", default="", help="with --record: the commit the run ran, where it is not this checkout's")
     ap.add_argument("command", nargs="*")
     args = ap.parse_args(argv)
     if args.out:
@@ -157,8 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.record:
         totals = {"figure": "total", "wall_s": round(result["wall_s"], 1), "busy_cpu_s": round(result["busy_cpu_s"], 1),
                   "returncode": result["returncode"]}
+        info = machine() | ({"git_sha": args.git_sha} if args.git_sha else {})
         line = append_entry(make_entry("suite_cpu", f"benchmarks/suite_cpu.py --summary {args.summary}",
-                                       [totals, *rows], origin=args.origin))
+                                       [totals, *rows], machine_info=info, origin=args.origin))
         print(f"results.jsonl line {line}")
     return 0
 
