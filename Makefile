@@ -7,6 +7,10 @@ TORCH_SPEC ?= torch==2.13.0
 UI_PORT ?= 5000
 DOCS_PORT ?= 8000
 
+# One target at a time, `make -j` or not: two installs into one .venv at once would break it, and nothing
+# here gains from make's parallelism (pytest runs its own processes).
+.NOTPARALLEL:
+
 .PHONY: install install-dev browser demo test test-fast lint docs docs-serve ui bench clean gpu-acceptance
 
 $(VENV)/bin/python:
@@ -14,7 +18,7 @@ $(VENV)/bin/python:
 
 # pip byte-compiles what it installs, but not this editable package: compileall does, once, so that no process
 # (each Ray worker imports it) compiles it again where PYTHONDONTWRITEBYTECODE keeps Python from saving it.
-COMPILE := $(PY) -m compileall -q sweeps trainables examples tests >/dev/null
+COMPILE := $(PY) -m compileall -q sweeps trainables examples tests
 
 $(VENV)/.installed: pyproject.toml | $(VENV)/bin/python
 	$(PY) -m pip install -q "$(TORCH_SPEC)"

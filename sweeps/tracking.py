@@ -243,11 +243,13 @@ class SweepTracker:
             self.client.set_tag(run_id, "sweep.failure_reason", reason[:_MAX_PARAM_LEN])
         self.client.set_terminated(run_id, "FINISHED" if ok else "KILLED" if kind == "interrupted" else "FAILED")
 
-    def end_sweep(self, status: str, metrics: dict[str, float], tags: dict[str, str]) -> None:
+    def end_sweep(self, status: str, metrics: dict[str, float], tags: dict[str, str],
+                  unsaid: tuple[str, ...] = ()) -> None:
         """Close the parent run with its metrics, tags and status.
 
         FINISHED; KILLED when the sweep stopped early and can be resumed; FAILED when it ended and no trial
-        finished."""
+        finished. `unsaid`: tags this driver's conclusion does not hold, removed where an earlier driver of the
+        sweep set them (a resumed sweep that finished is no longer "interrupted")."""
         assert self.parent_id is not None
         now = int(time.time() * 1000)
         self.client.log_batch(
@@ -255,6 +257,11 @@ class SweepTracker:
             metrics=[Metric(k, v, now, 0) for k, v in metrics.items() if is_metric(k, v)],
             tags=[RunTag(k, v) for k, v in tags.items()],
         )
+        if unsaid:
+            held = self.client.get_run(self.parent_id).data.tags
+            for key in unsaid:
+                if key in held and key not in tags:
+                    self.client.delete_tag(self.parent_id, key)
         self.client.set_terminated(self.parent_id, status)
 
     def set_note(self, markdown: str, answered: bool = True) -> None:

@@ -27,13 +27,12 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ["XDG_CACHE_HOME"] = os.path.join(_AUTH_DIR, "cache")
 # Every Ray node a test starts (ray.init, `ray start`, ray.cluster_utils) inherits these; `make test` is bound by
 # its 2 cores (benchmarks/suite_cpu.py, results.jsonl line 126), and neither is work a test asks for:
-# - no worker processes started ahead of need (the 2 a new node starts for its first driver, ~1 CPU-s each, never
+# - no workers pre-started for the first driver (one per CPU of the node it connects to, ~1 CPU-s each, never
 #   used: a sweep's actors carry their own runtime env); most of a run's 62 unused "IDLE" workers (109 CPU-s)
 #   are started some other way (not found which) and still are;
 # - the log monitor looks for new log files every 0.5 s, not every 0.1 s (its glob grows with every worker
-#   a session cluster has had: 120 CPU-s of a run); a line reaches a driver at most 0.5 s later.
-for _name, _value in (("RAY_enable_worker_prestart", "0"), ("RAY_prestart_worker_first_driver", "0"),
-                      ("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0")):
+#   a session cluster has had: 120 CPU-s of a run); a new log file's first lines reach a driver up to 0.5 s later.
+for _name, _value in (("RAY_prestart_worker_first_driver", "0"), ("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0")):
     os.environ.setdefault(_name, _value)
 
 

@@ -70,6 +70,22 @@ def test_what_never_reaches_the_store_is_saved_not_dropped(tmp_path: Path, monke
     assert len(lines) == 2 and '"loss/val": 0.5' in lines[1]
 
 
+def test_a_resumed_sweep_that_finished_is_no_longer_said_to_be_interrupted(tmp_path: Path) -> None:
+    # The first driver was stopped by SIGTERM (its parent run KILLED, "interrupted"); the one that resumed it ended
+    # it: how it ended is what the last driver says, else a rerun took it for unfinished (tests/e2e/test_resume.py)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = SweepTracker(uri, "exp")
+    first.start_sweep("s", "", "name: s\n", {})
+    first.end_sweep("KILLED", {}, {"sweep.interrupted": "SIGTERM received", "sweep.exhausted": "old"})
+    resumed = SweepTracker(uri, "exp")
+    resumed.resume_sweep(first.parent_id)
+    ends = ("sweep.stopped", "sweep.interrupted", "sweep.exhausted")
+    resumed.end_sweep("FINISHED", {}, {"sweep.exhausted": "all 4 configurations ran"}, unsaid=ends[:2])
+    run = MlflowClient(uri).get_run(first.parent_id)
+    assert run.info.status == "FINISHED" and "sweep.interrupted" not in run.data.tags
+    assert run.data.tags["sweep.exhausted"] == "all 4 configurations ran" and "sweep.stopped" not in run.data.tags
+
+
 def test_the_experiment_is_described_by_its_latest_sweep_unless_a_user_described_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """The UI shows an experiment's description folded to its first line above the runs table: the latest

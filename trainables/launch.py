@@ -144,8 +144,8 @@ def leave(code: int) -> None:
     tensor while the interpreter finalizes cannot take the GIL and ends the process by std::terminate (SIGABRT
     after the final report was written: 4 in 14 two-rank runs beside two busy processes on a 2-core machine).
     A run that failed leaves the same way, after its traceback, with exit status 1 (torchrun then names the
-    rank and its status, not a SIGABRT). Nothing is left to run here; what was written is flushed first. Every
-    process of ours whose ranks used a gloo group ends this way (the test helpers and benchmarks that run them)."""
+    rank and its status, not a SIGABRT). Nothing is left to run here; what was written is flushed first. The test
+    helpers that run ranks under torchrun or spawn leave by it too."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

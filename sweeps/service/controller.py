@@ -454,10 +454,10 @@ class SweepController:
                                              for k, p in spec.cost.prices.items())[:5000]
             if outcome.sweep_usd_short:
                 tags["sweep.cost_at_least"] = outcome.sweep_usd_short[:5000]
-        for key, said in (("sweep.stopped", outcome.stopped_reason), ("sweep.interrupted", outcome.interrupted),
-                          ("sweep.exhausted", outcome.exhausted)):
-            if said:
-                tags[key] = said[:5000]
+        # how the sweep ended, as this driver concludes it: what an earlier driver said of it is replaced
+        ends = {"sweep.stopped": outcome.stopped_reason, "sweep.interrupted": outcome.interrupted,
+                "sweep.exhausted": outcome.exhausted}
+        tags.update({key: said[:5000] for key, said in ends.items() if said})
         if best is not None and best.run_id:
             tags["sweep.best_run_id"] = best.run_id
         if quality_updates and not tracker.pending:
@@ -473,7 +473,8 @@ class SweepController:
             tags["sweep.tracking"] = f"degraded: {len(tracker.pending)} calls saved in {path}"
         try:
             # KILLED: resumable; FAILED: it ended and no trial finished (a rerun leaves it alone, as a FINISHED one)
-            tracker.end_sweep("KILLED" if outcome.interrupted else "FINISHED" if outcome.best else "FAILED", metrics, tags)
+            tracker.end_sweep("KILLED" if outcome.interrupted else "FINISHED" if outcome.best else "FAILED", metrics, tags,
+                              unsaid=tuple(key for key, said in ends.items() if not said))
             # the run's description in the UI: the answer, in words (the experiment keeps its last one beside none)
             tracker.set_note(sweep_note(outcome), answered=outcome.best is not None)
         except Exception as exc:  # noqa: BLE001 - the trials are done; say what was not recorded

@@ -52,7 +52,9 @@ STOPS = [("false", (signal.SIGKILL,)), ("true", (signal.SIGTERM,)), ("true", (si
 @pytest.mark.parametrize(("reuse", "signals"), STOPS, ids=["cold-kill", "warm-term", "warm-term-twice"])
 def test_a_stopped_driver_resumes_without_losing_or_duplicating(ray_cluster: None, tmp_path: Path, reuse: str,
                                                                 signals: tuple[int, ...],
-                                                                new_store: Callable[[Path], Path]) -> None:
+                                                                new_store: Callable[[Path], Path],
+                                                                monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
     import ray
 
     new_store(tmp_path / "mlflow.db")
@@ -139,6 +141,8 @@ def test_a_stopped_driver_resumes_without_losing_or_duplicating(ray_cluster: Non
     elif signals[0] == signal.SIGKILL:  # the killed driver never said: the figure is a lower bound, and says so
         assert held[0] is None and swept == pytest.approx(held[1])
         assert "killed outright" in tags["sweep.cost_at_least"] and "The sweep cost at least $" in tags["mlflow.note.content"]
+    # Finished now, the sweep is left alone by another `sweeps run` of its spec and by `sweeps resume`
+    _run_again_is_left_alone(tmp_path, "resumable", outcome.parent_run_id, monkeypatch, capsys)
 
 
 FINISHED_SPEC = """\
@@ -169,44 +173,38 @@ def _parent_as_logged(client: MlflowClient, parent: str) -> dict:
                                client.search_runs([run.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent}'"))}
 
 
-@pytest.mark.ray
-def test_a_finished_sweep_run_again_is_left_alone(ray_cluster: None, tmp_path: Path, new_store: Callable[[Path], Path],
-                                                  monkeypatch: pytest.MonkeyPatch,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def _run_again_is_left_alone(tmp_path: Path, name: str, parent: str, monkeypatch: pytest.MonkeyPatch,
+                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Run the finished sweep of `tmp_path / "spec.yaml"` again, by `sweeps run` and by `sweeps resume`: each says
+    there is nothing to do and prints the stored answer, with no Ray connection and no warm pool (so no worker
+    group); MLflow and the sweep's ledger are as they were."""
     import ray
 
     import sweeps.service.runner
     import sweeps.service.tuning
 
-    new_store(tmp_path / "mlflow.db")
-    text = FINISHED_SPEC.format(db=tmp_path / "mlflow.db", storage=tmp_path / "r")
-    (tmp_path / "spec.yaml").write_text(text)
-    first = run_sweep(parse_spec(text), text, echo=lambda _: None)
-    assert [t.status for t in first.trials] == ["ok", "ok"], [(t.status, t.reason) for t in first.trials]
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    logged = _parent_as_logged(client, first.parent_run_id)
-    assert len(logged["history"]["throughput/samples_per_s"]) == 1 and logged["artifacts"], logged
-    state = (tmp_path / "r" / "done-once" / STATE_FILE).read_text()
+    logged = _parent_as_logged(client, parent)
+    assert logged["status"] == "FINISHED" and logged["artifacts"], logged
+    state = (tmp_path / "r" / name / STATE_FILE).read_text()
     groups = len(ray.util.placement_group_table())
-
-    # Run again, by `sweeps run` and by `sweeps resume`: no Ray connection, no warm pool (so no worker group)
     started: list[str] = []
     connect, pool = sweeps.service.runner.connect_ray, sweeps.service.tuning.WarmPool
     monkeypatch.setattr(sweeps.service.runner, "connect_ray", lambda *a: started.append("ray") or connect(*a))
     monkeypatch.setattr(sweeps.service.tuning, "WarmPool", lambda *a: started.append("pool") or pool(*a))
     capsys.readouterr()
-    for argv in (["run", str(tmp_path / "spec.yaml")], ["resume", "done-once", "--storage-path", str(tmp_path / "r")]):
+    for argv in (["run", str(tmp_path / "spec.yaml")], ["resume", name, "--storage-path", str(tmp_path / "r")]):
         assert main(argv) == 0, argv
         out = capsys.readouterr().out
         said = [line for line in out.splitlines() if "nothing to do" in line]
         assert len(said) == 1 and "already ended" in said[0] and "all 2 trials of its budget ended" in said[0], out
         # the stored answer, as `sweeps report` prints it
-        assert f"Sweep done-once (parent run {first.parent_run_id}): 2/2 trials ok" in out, out
-        assert "Best configuration:" in out and first.parent_run_id in out and "finished in" not in out, out
+        assert f"Sweep {name} (parent run {parent}): 2/2 trials ok" in out, out
+        assert "Best configuration:" in out and parent in out and "finished in" not in out, out
     assert started == [], started
     assert len(ray.util.placement_group_table()) == groups
-    assert _parent_as_logged(client, first.parent_run_id) == logged
-    assert (tmp_path / "r" / "done-once" / STATE_FILE).read_text() == state  # no driver entered the ledger
+    assert _parent_as_logged(client, parent) == logged
+    assert (tmp_path / "r" / name / STATE_FILE).read_text() == state  # no driver entered the ledger
 
 
 def test_a_sweep_has_ended_only_when_its_driver_concluded_it_and_tune_has_nothing_left() -> None:

@@ -1,4 +1,4 @@
-"""Multi-node sweeps on one machine, in their own process (one Ray driver, one cluster).
+"""A multi-node sweep on one machine, in its own process (one Ray driver, one cluster).
 
 A head with no CPUs and two 2-CPU nodes (`ray.cluster_utils.Cluster`); every trial has 2 workers
 x 1 CPU, so a trial fills a node. Warm groups (`scaling.reuse_workers` true, the default), 2 trials at

@@ -75,8 +75,10 @@ class FakeTracker:
     def flush(self) -> bool:
         return True
 
-    def end_sweep(self, status: str, metrics: dict[str, float], tags: dict[str, str]) -> None:
+    def end_sweep(self, status: str, metrics: dict[str, float], tags: dict[str, str],
+                  unsaid: tuple[str, ...] = ()) -> None:
         self.calls.append(("end_sweep", status, metrics, tags))
+        self.unsaid = unsaid
 
     def set_note(self, markdown: str, answered: bool = True) -> None:
         self.calls.append(("set_note", markdown.split("\n", 1)[0], answered))
@@ -307,6 +309,8 @@ def test_a_resumed_sweep_keeps_its_rows_and_a_trial_no_driver_recorded_is_lost(t
     status, metrics, tags = tracker.said("end_sweep")[0]
     assert status == "FINISHED" and metrics == {TPUT: 12.0} and outcome.interrupted == ""
     assert (tags["sweep.trials_ok"], tags["sweep.trials_total"], tags["sweep.best_run_id"]) == ("2", "4", "run-t1")
+    # the resumed sweep ended: what an earlier driver said of its end (stopped, interrupted) no longer holds
+    assert set(tracker.unsaid) == {"sweep.stopped", "sweep.interrupted", "sweep.exhausted"}
     assert tracker.calls[-1][0] == "set_note"
 
 
