@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from sweeps.results.verdict import verdict
+from sweeps.results.verdict_rules import ALLREDUCE_BOUND_PCT
 from tests.helpers import gpu_trace_pieces as gpu_pieces
 from trainables import contract
 from trainables.contract import TrialConfig
@@ -224,7 +225,9 @@ def test_a_heavy_all_reduce_shows_as_exposed_communication_on_two_gloo_ranks(tmp
     final = _torchrun(tmp_path, "tests.helpers.trace_pieces:fat_gradient", '{"size": 8000000}', "--batch-size", "16")
     assert sorted(p.name for p in (tmp_path / "traces").iterdir()) == ["rank-0.pt.trace.json.gz",
                                                                        "rank-1.pt.trace.json.gz"]
-    assert final["trace/comm_exposed_pct"] > 40, final  # 32 MB of gradient, a few flops of compute
+    # 32 MB of gradient, a few flops of compute: past the rule's bar (25%) with room. Measured 47-61% alone, 36-75%
+    # beside a busy core (make test's other process); `> 40` failed once there (36.6%, a clean clone, 2026-11-28).
+    assert final["trace/comm_exposed_pct"] >= ALLREDUCE_BOUND_PCT, final
     assert final["trace/comm_pct"] >= final["trace/comm_exposed_pct"]
     assert sum(final[f"trace/{p}_pct"] for p in PARTS) == pytest.approx(100.0, abs=0.01)
     said = str(verdict(final, {"num_workers": 2, "batch_size": 16, "cpus_per_worker": 1}))
