@@ -165,7 +165,6 @@ def test_a_crashed_rank_resumes_a_hung_peer_times_out_and_a_full_disk_halts_the_
     assert client.get_run(first.parent_run_id).info.status == "KILLED"
 
     flag.unlink()  # space freed
-    t0 = time.monotonic()
     second = run_sweep(parse_spec(text), text, echo=lines.append)  # finishes the budget
     assert not second.interrupted, second.interrupted
     assert (tmp_path / "crashed").exists()  # the fault fired
@@ -182,7 +181,10 @@ def test_a_crashed_rank_resumes_a_hung_peer_times_out_and_a_full_disk_halts_the_
     # The hung peer: rank 0 waits in DDP's all-reduce until the 4 s process-group timeout fails the
     # trial (not retried: not a crash); no process is left (conftest checks)
     assert hung.status == "error" and "rank 0" in hung.reason and "imed out" in hung.reason, hung.reason
-    assert time.monotonic() - t0 < 180
+    # ...after the 4 s asked for, not the 600-s default: the trial's own run, start to end (the whole resumed sweep's
+    # wall, 120-160 s beside another test process, was a bound too close to what the machine's load decides)
+    hung_run = client.get_run(hung.run_id).info
+    assert (hung_run.end_time - hung_run.start_time) / 1000 < 300, hung_run
     assert second.parent_run_id == first.parent_run_id and trials["disk"].run_id == halted.run_id  # same runs
     exp = client.get_run(first.parent_run_id).info.experiment_id
     children = client.search_runs([exp], f"tags.`mlflow.parentRunId` = '{first.parent_run_id}'")

@@ -327,8 +327,9 @@ def test_a_lease_nobody_renews_expires(root: Root, s3: S3Server) -> None:
 def test_a_held_lease_is_renewed_and_says_when_it_is_lost(root: Root, s3: S3Server) -> None:
     if root.storage.is_local:
         pytest.skip("a local root's lock is the kernel's, which has no lease")
-    with root.storage.lock("sweep-1.lock", _ME, ttl_s=1.2) as lease:
-        time.sleep(3.0)  # past its ttl (and the clock's second): alive only if renewed
+    # ttl 3 s: renewed every 0.5 s, lost after 2.5 s without one (the S3 server answers in far less, beside a busy core)
+    with root.storage.lock("sweep-1.lock", _ME, ttl_s=3) as lease:
+        time.sleep(4.5)  # past its ttl (and the clock's second): alive only if renewed
         with pytest.raises(LockHeld), root.storage.lock("sweep-1.lock", {**_ME, "pid": 2}):
             pass
         assert lease is not None and not lease.lost

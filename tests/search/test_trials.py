@@ -115,14 +115,14 @@ def test_the_memory_probe_measures_every_worker_count_on_its_own() -> None:
 def test_the_comm_timer_counts_from_the_last_bucket_to_the_end_of_backward() -> None:
     timer = CommTimer(torch.device("cpu"))
     timer.bucket_ready()
-    time.sleep(0.02)
+    time.sleep(0.2)  # counted from the first bucket, the window would read >= 0.23 s
     timer.bucket_ready()  # the last bucket: what came before it overlapped backward
     time.sleep(0.03)
     timer.backward_done(keep=True)
     timer.bucket_ready()
     timer.backward_done(keep=False)  # warm-up: dropped
     timer.backward_done(keep=True)  # no bucket since (no sync): nothing
-    assert 0.03 <= timer.window_s() < 0.045
+    assert 0.03 <= timer.window_s() < 0.2  # room for a late wake-up beside another busy process
     assert timer.window_s() == 0.0  # per window
 
 
