@@ -12,7 +12,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,16 +34,31 @@ _HALT_WAIT_S = 300.0
 _HALT_EVERY_S = 0.25
 
 
-def _ask_to_halt(why: str) -> None:
+def _ask_to_halt(why: str, report: Callable[[dict[str, Any]], None] = tune.report) -> None:
     """Ask the driver to halt the sweep, and keep asking until it stops this trial (at most
     `_HALT_WAIT_S`). Each ask is a report: Tune's next request for a result is answered, so its actor
-    is free to take the stop, and the report after the stop ends this thread (Tune's session exits
-    it). A trial that waited outside `tune.report` held its actor busy until Tune's force cleanup
-    killed it, 10 s later."""
+    is free to take the stop, and the stop ends this thread (Tune's session exits it at its next
+    report, or the actor's end does). A trial that waited outside a report held its actor busy until
+    Tune's force cleanup killed it, 10 s later. `report`: how this thread reports (`through_train` for
+    a trial whose Train run reports to Tune)."""
     deadline = time.monotonic() + _HALT_WAIT_S
     while time.monotonic() < deadline:
-        tune.report({HALT_KEY: why})
+        report({HALT_KEY: why})
         time.sleep(_HALT_EVERY_S)
+
+
+def through_train(callback: Any) -> Callable[[dict[str, Any]], None]:
+    """Return how a cold trial's own thread reports to Tune: into the queue its Train run's
+    `TuneReportCallback` reports through, never by `tune.report`.
+
+    Tune's function-trainable session (Ray 2.60) moves each item of that queue into its one-slot result
+    queue from the actor's main thread; a `tune.report` of this thread meanwhile could take the slot first
+    and pass the lock the main thread had just let go, and the main thread then waited forever to put the
+    item it held (a cold sweep halted by a full disk hung so: both threads in `Queue.put`). One producer,
+    no wait. Ray has no public handle on that queue: the callback's private attribute, read here only
+    (tests/service/test_trial.py fails loudly when Ray renames it)."""
+    queue = callback._training_actor_item_queue
+    return lambda metrics: queue.put(metrics)
 
 
 # Ray Train's default callbacks a sweep's run can do without, found by class name: no public way to
@@ -330,6 +345,7 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, storage_path: str, pool: 
     # each rank's trace goes beside the trial's checkpoints; the sweep logs it to the trial's run (`trace_dir`)
     cfg = dataclasses.replace(resolve_trial(spec, config), trace_dir=trace_dir(storage_path, name))
     over = True
+    to_tune = TuneReportCallback() if pool is None else None  # a cold trial's Train run reports to Tune through it
     trials = Storage(storage_path)  # a local folder or a URI: the same from every node
     warm_checkpoint = trials.uri(name, "checkpoint_warm")  # rank 0 uploads it from its node (`QueueReporter`)
     # A trial run again after a halt, a killed driver or on another node continues from the checkpoint it kept
@@ -341,7 +357,7 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, storage_path: str, pool: 
                 if pool is not None:
                     _run_warm(pool, trial_id, cfg, warm_checkpoint, resume_from)
                 else:
-                    make_trainer(cfg, spec.scaling, name, storage_path, [TuneReportCallback()], workdir).fit()
+                    make_trainer(cfg, spec.scaling, name, storage_path, [to_tune], workdir).fit()
                 return
             except Exception as exc:  # noqa: BLE001 - every failure is classified; only transient ones retried
                 kind, reason = classify(exc)
@@ -350,7 +366,7 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, storage_path: str, pool: 
                     # Not this configuration's fault, and the next trial would hit it too: ask the driver
                     # to halt the sweep; it stops this trial unfinished, to run again on resume.
                     over = False
-                    _ask_to_halt(f"{kind}: {reason}")
+                    _ask_to_halt(f"{kind}: {reason}", tune.report if to_tune is None else through_train(to_tune))
                     over = True  # the driver did not halt (it cannot outside its main thread): fail
                 if kind not in TRANSIENT_KINDS or attempt == spec.budget.max_retries:
                     raise TrialFailure(kind, reason) from None

@@ -1,10 +1,12 @@
 """Ray Train's default callbacks, less Ray Data's when a run has no datasets and less the placement-group
 cleaner where the cluster has no State API (`sweeps.service.trial`): this fails loudly when Ray stops making
-those callbacks or renames the private method our trainer overrides."""
+those callbacks or renames the private method our trainer overrides. And a cold trial's halt, asked through the
+queue its Train run reports to Tune through (a private attribute of Ray's `TuneReportCallback`)."""
 
 from __future__ import annotations
 
 import inspect
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -122,3 +124,33 @@ def test_a_warm_group_imports_the_compiler_at_its_start_only_where_its_trials_wi
 
     spec = parse_spec(_BASE.format(compile=compile_, warmup=warmup, trace=trace))
     assert trial.loads_compiler(spec) is loads
+
+
+def _halts_beside_a_train_report(config: dict[str, Any]) -> None:
+    """A cold trial whose Train run failed with a full disk: its last report still waits in Tune's queue when
+    the trial's own thread asks the driver to halt."""
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    to_tune = TuneReportCallback()
+    to_tune.after_report(None, [{"progress/steps": 5}], None)  # what the Train run's controller does on a report
+    trial._ask_to_halt("disk_full: test", trial.through_train(to_tune))
+
+
+def test_a_cold_trials_halt_asked_beside_its_train_runs_last_report_reaches_the_driver(
+        ray_cluster: None, tmp_path: Path) -> None:
+    # Asked by `tune.report` from the trial's thread, Tune's session could hang for good: its main thread, moving
+    # the Train report into its one-slot result queue, found the slot taken by the ask (Ray 2.60; `through_train`).
+    # Before the fix this test hung (a script of these lines too, 2026-11-28), and test_loop_faults' cold sweep
+    # hung in its disk-full halt once here (it had passed in the clean clone's run an hour before).
+    from ray import tune
+
+    tuner = tune.Tuner(_halts_beside_a_train_report, param_space={"i": tune.grid_search([0, 1, 2, 3])},
+                       tune_config=tune.TuneConfig(max_concurrent_trials=1),
+                       run_config=tune.RunConfig(storage_path=str(tmp_path), name="halts", verbose=0,
+                                                 stop=lambda trial_id, result: bool(result.get(trial.HALT_KEY))))
+    out: dict[str, Any] = {}
+    fit = threading.Thread(target=lambda: out.update(results=tuner.fit()), daemon=True)
+    fit.start()
+    fit.join(timeout=150)  # ~12 s for the 4 trials alone here
+    assert "results" in out, "a trial's halt hung Tune's session"
+    assert [r.metrics.get(trial.HALT_KEY) for r in out["results"]] == ["disk_full: test"] * 4  # each ask arrived
