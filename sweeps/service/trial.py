@@ -48,15 +48,15 @@ def _ask_to_halt(why: str, report: Callable[[dict[str, Any]], None] = tune.repor
 
 
 def through_train(callback: Any) -> Callable[[dict[str, Any]], None]:
-    """Return how a cold trial's own thread reports to Tune: into the queue its Train run's
-    `TuneReportCallback` reports through, never by `tune.report`.
+    """Return how a cold trial's own thread reports to Tune: through its Train run's queue, never `tune.report`.
 
-    Tune's function-trainable session (Ray 2.60) moves each item of that queue into its one-slot result
-    queue from the actor's main thread; a `tune.report` of this thread meanwhile could take the slot first
-    and pass the lock the main thread had just let go, and the main thread then waited forever to put the
-    item it held (a cold sweep halted by a full disk hung so: both threads in `Queue.put`). One producer,
-    no wait. Ray has no public handle on that queue: the callback's private attribute, read here only
-    (tests/service/test_trial.py fails loudly when Ray renames it)."""
+    The queue the run's `TuneReportCallback` reports through. Tune's function-trainable session (Ray 2.60)
+    moves each item of it into its one-slot result queue from the actor's main thread; a `tune.report` of
+    this thread meanwhile could take the slot first and pass the lock the main thread had just let go, and
+    the main thread then waited forever to put the item it held (a cold sweep halted by a full disk hung
+    so: both threads in `Queue.put`). One producer, no wait. Ray has no public handle on that queue: the
+    callback's private attribute, read here only (tests/service/test_trial.py fails loudly when Ray
+    renames it)."""
     queue = callback._training_actor_item_queue
     return lambda metrics: queue.put(metrics)
 
