@@ -54,11 +54,16 @@ def through_train(callback: Any) -> Callable[[dict[str, Any]], None]:
     moves each item of it into its one-slot result queue from the actor's main thread; a `tune.report` of
     this thread meanwhile could take the slot first and pass the lock the main thread had just let go, and
     the main thread then waited forever to put the item it held (a cold sweep halted by a full disk hung
-    so: both threads in `Queue.put`). One producer, no wait. Ray has no public handle on that queue: the
+    so: both threads in `Queue.put`). One producer into the result queue: the put waits only on the main thread. Ray has no public handle on that queue: the
     callback's private attribute, read here only (tests/service/test_trial.py fails loudly when Ray
     renames it)."""
     queue = callback._training_actor_item_queue
     return lambda metrics: queue.put(metrics)
+
+
+def halt_reporter(to_tune: Any) -> Callable[[dict[str, Any]], None]:
+    """Return how a trial asks to halt: `tune.report` in a warm group (`to_tune` None), else `through_train`."""
+    return tune.report if to_tune is None else through_train(to_tune)
 
 
 # Ray Train's default callbacks a sweep's run can do without, found by class name: no public way to
@@ -366,7 +371,7 @@ def run_trial(config: dict[str, Any], spec: SweepSpec, storage_path: str, pool: 
                     # Not this configuration's fault, and the next trial would hit it too: ask the driver
                     # to halt the sweep; it stops this trial unfinished, to run again on resume.
                     over = False
-                    _ask_to_halt(f"{kind}: {reason}", tune.report if to_tune is None else through_train(to_tune))
+                    _ask_to_halt(f"{kind}: {reason}", halt_reporter(to_tune))
                     over = True  # the driver did not halt (it cannot outside its main thread): fail
                 if kind not in TRANSIENT_KINDS or attempt == spec.budget.max_retries:
                     raise TrialFailure(kind, reason) from None

@@ -194,7 +194,7 @@ def test_time_spent_handing_reports_on_is_not_counted_as_training(data_dir: Path
     final = train(cfg, rep, CPU)
     assert rep.slept >= 0.5  # ~20 reports, each 50 ms
     # the window is the steps' time: a window that counted the reports would last longer than they did (a bound of
-    # the same run's: a stall of the steps beside another busy process leaves it true)
+    # the same run's: a stall of the steps beside another busy process leaves it true while under ~0.9 s)
     assert final[contract.WINDOW_S] < final[contract.REPORT_WAIT_S], (final[contract.WINDOW_S], rep.slept)
     assert rep.slept <= final[contract.REPORT_WAIT_S] < 1.5 * rep.slept + 0.5  # ...and what it left out is said
 
@@ -206,7 +206,7 @@ def test_time_boxes_end_warm_up_and_window_on_the_clock_not_the_step_count(data_
     # planned from warm-up's step time to fit the box, ended at the first sub-window mark past it if slower (how far
     # past: test_a_time_box_is_never_passed_by_a_whole_step; the bound here leaves room for a stalled last step
     # beside another busy process, far below the 100,000 steps a box that did not end would run)
-    assert 0.3 <= final[contract.WINDOW_S] < 3.0
+    assert 0.3 <= final[contract.WINDOW_S] < 2.0
     assert 3 <= final[contract.STEPS] < 100_000
     assert contract.throughput_cv_key("samples") in final  # never fewer sub-windows than the noise figure needs
     assert final[contract.WARMUP_STEPS_S] < 3.0  # 1000 warm-up steps were not run (the build before them is no

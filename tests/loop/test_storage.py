@@ -329,7 +329,7 @@ def test_a_held_lease_is_renewed_and_says_when_it_is_lost(root: Root, s3: S3Serv
         pytest.skip("a local root's lock is the kernel's, which has no lease")
     # ttl 3 s: renewed every 0.5 s, lost after 2.5 s without one (the S3 server answers in far less, beside a busy core)
     with root.storage.lock("sweep-1.lock", _ME, ttl_s=3) as lease:
-        time.sleep(4.5)  # past its ttl (and the clock's second): alive only if renewed
+        time.sleep(5.5)  # past its ttl and the store's whole-second clock (ttl + 2 s): alive only if renewed
         with pytest.raises(LockHeld), root.storage.lock("sweep-1.lock", {**_ME, "pid": 2}):
             pass
         assert lease is not None and not lease.lost

@@ -154,3 +154,21 @@ def test_a_cold_trials_halt_asked_beside_its_train_runs_last_report_reaches_the_
     fit.join(timeout=150)  # ~12 s for the 4 trials alone here
     assert "results" in out, "a trial's halt hung Tune's session"
     assert [r.metrics.get(trial.HALT_KEY) for r in out["results"]] == ["disk_full: test"] * 4  # each ask arrived
+
+
+def test_a_cold_trial_asks_through_its_train_runs_queue_and_a_warm_one_by_tune_report() -> None:
+    from ray import tune
+
+    class Queue:
+        def __init__(self) -> None:
+            self.items: list[dict[str, Any]] = []
+
+        def put(self, item: dict[str, Any]) -> None:
+            self.items.append(item)
+
+    class Callback:  # what TuneReportCallback holds (the attribute the test above reads from Ray's own)
+        _training_actor_item_queue = Queue()
+
+    assert trial.halt_reporter(None) is tune.report  # a warm group's trial: its thread is Tune's only producer
+    trial.halt_reporter(Callback())({trial.HALT_KEY: "disk_full: x"})
+    assert Callback._training_actor_item_queue.items == [{trial.HALT_KEY: "disk_full: x"}]
