@@ -155,7 +155,7 @@ def test_validate_here_and_the_doctor_name_each_node_that_cannot_see_it(two_disk
 
 S3_SPEC = """\
 name: private-disk-s3
-trainable: {{name: mlp-tabular, params: {{num_train_rows: 1024}}}}
+trainable: {{name: "tests.helpers.faulty:gated", params: {{num_train_rows: 1024, at: {at}, gate: '{gate}'}}}}
 space: {{batch_size: 16, num_dataloader_workers: 0, pin_memory: false}}
 budget: {{num_trials: 2, num_steps: 8, num_warmup_steps: 4, report_interval_s: 0.5, checkpoint_every_steps: 2}}
 scaling: {{num_workers: 1, cpus_per_worker: 2}}
@@ -168,29 +168,36 @@ storage_path: '{storage}'
 def test_with_s3_storage_each_worker_node_ranks_trace_and_checkpoint_reach_the_store(two_disks: dict[str, Any]) -> None:
     """The same cluster with `storage_path` on S3: each rank runs on the worker node (2 CPUs: only it fits one),
     its trace reaches MLflow through the bucket, and its warm checkpoint reaches the bucket (removed there once
-    the trial ended)."""
+    the trial ended). The first trial's rank waits at its 3rd measured step, after the checkpoint of its 2nd, until
+    the test has seen that checkpoint: an unheld trial of 8 steps can begin and end between two listings."""
     from mlflow.tracking import MlflowClient
 
     from tests.helpers.s3_server import s3_server
 
     tmp = Path(two_disks["tmp"])
+    gate = tmp / "s3-gate"
+    gate.mkdir()
     with s3_server() as s3:
         uri = s3.uri("sweeps").replace("s3://", "s3://testing:testing@", 1)  # the nodes started without the variables
         spec = tmp / "s3.yaml"
-        spec.write_text(S3_SPEC.format(db=tmp / "mlflow-s3.db", storage=uri))
+        spec.write_text(S3_SPEC.format(at=1 + 4 + 3, gate=gate, db=tmp / "mlflow-s3.db", storage=uri))
         env = {**os.environ, "RAY_ADDRESS": two_disks["address"], "RAY_AUTH_MODE": "token",
                "RAY_AUTH_TOKEN_PATH": two_disks["RAY_AUTH_TOKEN_PATH"], "PYTHONPATH": str(REPO)}
-        seen: set[str] = set()
+        seen: list[str] = []
         with subprocess.Popen([sys.executable, "-m", "sweeps", "run", str(spec)], cwd=tmp, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as run:
-            deadline = time.monotonic() + 300
-            while run.poll() is None and time.monotonic() < deadline:  # a warm checkpoint, while its trial runs
-                seen |= {k for k in s3.keys("sweeps/") if k.endswith("checkpoint_warm/state.pt")}
-                time.sleep(0.3)
-            out = run.communicate(timeout=60)[0]
+            try:  # the build's measuring forward, 4 warm-up steps, 3 measured (`at` counts those forwards)
+                deadline = time.monotonic() + 240
+                while time.monotonic() < deadline and run.poll() is None and not seen:
+                    if any(gate.glob("arrived-*")):
+                        seen = [k for k in s3.keys("sweeps/") if k.endswith("checkpoint_warm/state.pt")]
+                    time.sleep(0.2)
+            finally:
+                (gate / "open").touch()  # every later step passes; a sweep that cannot get there must not wait
+            out = run.communicate(timeout=300)[0]
         assert run.returncode == 0, out[-3000:]
         keys = s3.keys("sweeps/")
-    assert seen, f"no warm checkpoint reached the bucket: {keys}"
+    assert seen, f"no warm checkpoint reached the bucket while the trial was held: {keys}"
     assert not any("checkpoint_" in k for k in keys), keys  # removed once each trial ended
     assert len([k for k in keys if "/traces/" in k]) == 2, keys
     client = MlflowClient(f"sqlite:///{tmp / 'mlflow-s3.db'}")
