@@ -39,31 +39,28 @@ def _ask_to_halt(why: str, report: Callable[[dict[str, Any]], None] = tune.repor
     `_HALT_WAIT_S`). Each ask is a report: Tune's next request for a result is answered, so its actor
     is free to take the stop, and the stop ends this thread (Tune's session exits it at its next
     report, or the actor's end does). A trial that waited outside a report held its actor busy until
-    Tune's force cleanup killed it, 10 s later. `report`: how this thread reports (`through_train` for
-    a trial whose Train run reports to Tune)."""
+    Tune's force cleanup killed it, 10 s later. `report`: how this thread reports (`halt_reporter`)."""
     deadline = time.monotonic() + _HALT_WAIT_S
     while time.monotonic() < deadline:
         report({HALT_KEY: why})
         time.sleep(_HALT_EVERY_S)
 
 
-def through_train(callback: Any) -> Callable[[dict[str, Any]], None]:
-    """Return how a cold trial's own thread reports to Tune: through its Train run's queue, never `tune.report`.
-
-    The queue the run's `TuneReportCallback` reports through. Tune's function-trainable session (Ray 2.60)
-    moves each item of it into its one-slot result queue from the actor's main thread; a `tune.report` of
-    this thread meanwhile could take the slot first and pass the lock the main thread had just let go, and
-    the main thread then waited forever to put the item it held (a cold sweep halted by a full disk hung
-    so: both threads in `Queue.put`). One producer into the result queue: the put waits only on the main thread. Ray has no public handle on that queue: the
-    callback's private attribute, read here only (tests/service/test_trial.py fails loudly when Ray
-    renames it)."""
-    queue = callback._training_actor_item_queue
-    return lambda metrics: queue.put(metrics)
-
-
 def halt_reporter(to_tune: Any) -> Callable[[dict[str, Any]], None]:
-    """Return how a trial asks to halt: `tune.report` in a warm group (`to_tune` None), else `through_train`."""
-    return tune.report if to_tune is None else through_train(to_tune)
+    """Return how a trial's own thread asks to halt: `tune.report` in a warm group (`to_tune` None).
+
+    A cold trial's Train run reports to Tune through `to_tune`, its `TuneReportCallback`: the ask goes into
+    that callback's queue, never by `tune.report`. Tune's function-trainable session (Ray 2.60) moves each
+    item of the queue into its one-slot result queue from the actor's main thread; a `tune.report` of this
+    thread meanwhile could take the slot first and pass the lock the main thread had just let go, and the
+    main thread then waited forever to put the item it held (a cold sweep halted by a full disk hung so:
+    both threads in `Queue.put`). One producer into the result queue: the put waits only on the main
+    thread. Ray has no public handle on that queue: the callback's private attribute, read here only
+    (tests/service/test_trial.py fails loudly when Ray renames it)."""
+    if to_tune is None:
+        return tune.report
+    queue = to_tune._training_actor_item_queue
+    return lambda metrics: queue.put(metrics)
 
 
 # Ray Train's default callbacks a sweep's run can do without, found by class name: no public way to

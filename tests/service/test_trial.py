@@ -133,13 +133,13 @@ def _halts_beside_a_train_report(config: dict[str, Any]) -> None:
 
     to_tune = TuneReportCallback()
     to_tune.after_report(None, [{"progress/steps": 5}], None)  # what the Train run's controller does on a report
-    trial._ask_to_halt("disk_full: test", trial.through_train(to_tune))
+    trial._ask_to_halt("disk_full: test", trial.halt_reporter(to_tune))
 
 
 def test_a_cold_trials_halt_asked_beside_its_train_runs_last_report_reaches_the_driver(
         ray_cluster: None, tmp_path: Path) -> None:
     # Asked by `tune.report` from the trial's thread, Tune's session could hang for good: its main thread, moving
-    # the Train report into its one-slot result queue, found the slot taken by the ask (Ray 2.60; `through_train`).
+    # the Train report into its one-slot result queue, found the slot taken by the ask (Ray 2.60; `halt_reporter`).
     # Before the fix this test hung (a script of these lines too, 2026-11-28), and test_loop_faults' cold sweep
     # hung in its disk-full halt once here (it had passed in the clean clone's run an hour before).
     from ray import tune
